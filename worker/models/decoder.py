@@ -1,0 +1,177 @@
+"""One decoder for the Llama, Qwen2 and Qwen3 families, in plain PyTorch.
+
+Parameter names match Hugging Face checkpoints, so a state dict loads without renaming.
+The forward runs one sequence (batch 1): the worker's scheduler steps one lane at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.models.config import ModelConfig
+from worker.models.kv_cache import KVCache
+from worker.models.rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in at least float32 (as the reference does) but never below the input's precision.
+        compute = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(compute)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_keys: torch.Tensor,
+                layer_values: torch.Tensor, start: int, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q.transpose(0, 1), cos, sin)  # [heads, T, head_dim]
+        k = apply_rotary(k.transpose(0, 1), cos, sin)  # [kv_heads, T, head_dim]
+        end = start + num_tokens
+        layer_keys[:, start:end] = k
+        layer_values[:, start:end] = v.transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0), layer_keys[:, :end].unsqueeze(0), layer_values[:, :end].unsqueeze(0),
+            attn_mask=mask, is_causal=causal, enable_gqa=True,
+        )  # [1, heads, T, head_dim]
+        return self.o_proj(out[0].transpose(0, 1).reshape(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        size, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(size, inner, bias=bias)
+        self.up_proj = nn.Linear(size, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, layer_keys, layer_values, start, mask, causal) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_keys, layer_values, start, mask, causal)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """The `model.*` part of a checkpoint: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+@dataclass(slots=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [num_logits, vocab]
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer index -> [T, hidden] (output of that layer)
+    final_hidden: torch.Tensor | None = None  # [T, hidden], after the final norm
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary: RotaryEmbedding | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self, max_tokens: int) -> KVCache:
+        return KVCache(self.config, max_tokens, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,  # [T, T] bool: may new token i attend to new token j
+        hidden_layers: Sequence[int] = (),
+        num_logits: int | None = None,  # logits for the last n tokens only (None: all)
+        want_final_hidden: bool = False,
+    ) -> ForwardOutput:
+        """Run T new tokens after the cache's committed tokens; their K/V go to slots [length, length+T).
+
+        The cache length is not advanced: the caller commits what it keeps (see KVCache.commit).
+        Without `tree_mask` the new tokens attend causally among themselves.
+        """
+        if self.rotary is None or self.rotary.dtype != self.dtype:
+            self.rotary = RotaryEmbedding(self.config, self.dtype, self.device)
+        start, num_tokens = cache.length, token_ids.shape[0]
+        assert start + num_tokens <= cache.max_tokens, "KV cache overflow: caller must check context length"
+        cos, sin = self.rotary(positions)
+        mask, causal = self._attention_mask(start, num_tokens, tree_mask)
+        wanted = set(hidden_layers)
+        hidden: dict[int, torch.Tensor] = {}
+        x = self.model.embed_tokens(token_ids)  # [T, hidden]
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache.keys[index], cache.values[index], start, mask, causal)
+            if index in wanted:
+                hidden[index] = x
+        x = self.model.norm(x)
+        tail = x if num_logits is None else x[-num_logits:]
+        return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
+
+    def _attention_mask(self, start: int, num_tokens: int, tree_mask: torch.Tensor | None):
+        """(mask, is_causal) for SDPA. One new token, or a fresh causal prefill, needs no explicit mask."""
+        if tree_mask is None and num_tokens == 1:
+            return None, False
+        if tree_mask is None and start == 0:
+            return None, True
+        if tree_mask is None:
+            tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=self.device).tril()
+        prefix = torch.ones(num_tokens, start, dtype=torch.bool, device=self.device)
+        return torch.cat((prefix, tree_mask), dim=1), False  # [T, start + T]

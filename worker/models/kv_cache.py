@@ -1,0 +1,55 @@
+"""A preallocated per-sequence KV cache with scratch-slot commit for speculative verification.
+
+Slots [0, length) hold committed tokens. A verification forward writes its K/V into slots
+[length, length + num_new); `commit` then moves the accepted subset into place and advances
+`length`, which implicitly discards everything else written there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.models.config import ModelConfig
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        shape = (config.num_hidden_layers, config.num_key_value_heads, max_tokens, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, max_tokens, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_tokens = max_tokens
+        self.length = 0  # committed tokens
+
+    @property
+    def num_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def bytes_per_token(self) -> int:
+        return self.num_bytes // self.max_tokens
+
+    def commit(self, num_new: int, accepted: list[int] | None = None) -> None:
+        """Keep scratch slots `length + accepted[i]` as the next committed tokens (all, in order, if None).
+
+        Example: a tree of 5 nodes was written to slots [L, L+5); the accepted path is nodes
+        [0, 2, 3]; their K/V move to slots L, L+1, L+2 and the cache length becomes L+3.
+        """
+        start = self.length
+        if accepted is None:
+            accepted = list(range(num_new))
+        assert all(0 <= i < num_new for i in accepted), (accepted, num_new)
+        if accepted != list(range(len(accepted))):
+            source = torch.tensor(accepted, device=self.keys.device) + start
+            self.keys[:, :, start : start + len(accepted)] = self.keys[:, :, source]
+            self.values[:, :, start : start + len(accepted)] = self.values[:, :, source]
+        self.length = start + len(accepted)
+
+    def truncate(self, length: int) -> None:
+        assert 0 <= length <= self.length
+        self.length = length
+
+    def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Install a cached prefix ([layers, kv_heads, n, head_dim] each) as the committed tokens."""
+        n = keys.shape[2]
+        self.keys[:, :, :n] = keys
+        self.values[:, :, :n] = values
+        self.length = n
