@@ -56,12 +56,26 @@ class NgramDrafter:
     def num_indexed(self) -> int:
         return len(self._index)
 
+    def prefix(self, num_tokens: int) -> NgramDrafter | None:
+        """A new drafter that has seen exactly the first `num_tokens` tokens of this one's history.
+
+        None when the window those tokens need has already been evicted from this drafter.
+        """
+        assert 0 <= num_tokens <= self.num_seen, (num_tokens, self.num_seen)
+        first = max(0, num_tokens - self.max_history)
+        if first < self._base:
+            return None
+        copy = NgramDrafter(self.min_n, self.max_n, self.num_draft, self.max_history)
+        copy._reset(num_seen=first)
+        copy.extend(self._tokens[first - self._base : num_tokens - self._base])
+        return copy
+
     def extend(self, new_tokens: Iterable[int]) -> None:
         for token in new_tokens:
             self._append(token)
 
     def propose(self, history: Sequence[int]) -> list[int]:
-        """Draft tokens to follow `history`, which must extend what this drafter has seen."""
+        """Draft tokens to follow `history`; a history that does not extend the last one is re-indexed."""
         self._sync(history)
         return self.draft()
 
