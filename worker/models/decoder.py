@@ -50,7 +50,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_keys: torch.Tensor,
-                layer_values: torch.Tensor, start: int, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+                layer_values: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         num_tokens = x.shape[0]
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -62,11 +62,30 @@ class Attention(nn.Module):
         end = start + num_tokens
         layer_keys[:, start:end] = k
         layer_values[:, start:end] = v.transpose(0, 1)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0), layer_keys[:, :end].unsqueeze(0), layer_values[:, :end].unsqueeze(0),
-            attn_mask=mask, is_causal=causal, enable_gqa=True,
-        )  # [1, heads, T, head_dim]
-        return self.o_proj(out[0].transpose(0, 1).reshape(num_tokens, -1))
+        out = grouped_attention(q, layer_keys[:, :end], layer_values[:, :end], mask)  # [heads, T, head_dim]
+        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention without copying K/V per head.
+
+    q: [heads, T, d]; keys/values: [kv_heads, S, d] (strided views into the cache); mask: [T, S] bool
+    or None (attend to everything). Query heads j*G .. j*G+G-1 share kv head j, as in HF's repeat_kv;
+    folding the group into the row dimension lets one batched matmul per kv head do the work.
+    (On CPU this is ~10x faster than scaled_dot_product_attention(enable_gqa=True) for decode.)
+    """
+    num_heads, num_tokens, head_dim = q.shape
+    num_kv_heads, num_keys = keys.shape[0], keys.shape[1]
+    group = num_heads // num_kv_heads
+    scores = torch.matmul(q.reshape(num_kv_heads, group * num_tokens, head_dim), keys.transpose(1, 2))
+    scores = scores.view(num_kv_heads, group, num_tokens, num_keys) * head_dim**-0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    compute = torch.promote_types(q.dtype, torch.float32)
+    probs = torch.softmax(scores.to(compute), dim=-1).to(q.dtype)
+    out = torch.matmul(probs.view(num_kv_heads, group * num_tokens, num_keys), values)  # [kv_heads, G*T, d]
+    return out.view(num_heads, num_tokens, head_dim)
 
 
 class MLP(nn.Module):
@@ -89,8 +108,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, layer_keys, layer_values, start, mask, causal) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_keys, layer_values, start, mask, causal)
+    def forward(self, x, cos, sin, layer_keys, layer_values, start, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_keys, layer_values, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -140,7 +159,7 @@ class Decoder(nn.Module):
         cache: KVCache,
         tree_mask: torch.Tensor | None = None,  # [T, T] bool: may new token i attend to new token j
         hidden_layers: Sequence[int] = (),
-        num_logits: int | None = None,  # logits for the last n tokens only (None: all)
+        num_logits: int | None = None,  # logits for the last n tokens only (None: all, 0: none)
         want_final_hidden: bool = False,
     ) -> ForwardOutput:
         """Run T new tokens after the cache's committed tokens; their K/V go to slots [length, length+T).
@@ -153,25 +172,24 @@ class Decoder(nn.Module):
         start, num_tokens = cache.length, token_ids.shape[0]
         assert start + num_tokens <= cache.max_tokens, "KV cache overflow: caller must check context length"
         cos, sin = self.rotary(positions)
-        mask, causal = self._attention_mask(start, num_tokens, tree_mask)
+        mask = self._attention_mask(start, num_tokens, tree_mask)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(token_ids)  # [T, hidden]
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache.keys[index], cache.values[index], start, mask, causal)
+            x = layer(x, cos, sin, cache.keys[index], cache.values[index], start, mask)
             if index in wanted:
                 hidden[index] = x
         x = self.model.norm(x)
-        tail = x if num_logits is None else x[-num_logits:]
+        tail = x if num_logits is None else x[x.shape[0] - num_logits :]
         return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
 
-    def _attention_mask(self, start: int, num_tokens: int, tree_mask: torch.Tensor | None):
-        """(mask, is_causal) for SDPA. One new token, or a fresh causal prefill, needs no explicit mask."""
+    def _attention_mask(self, start: int, num_tokens: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """[T, start + T] bool: every new token sees the committed prefix, and among the new tokens
+        what `tree_mask` allows (causal by default). One new token needs no mask at all."""
         if tree_mask is None and num_tokens == 1:
-            return None, False
-        if tree_mask is None and start == 0:
-            return None, True
+            return None
         if tree_mask is None:
             tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=self.device).tril()
         prefix = torch.ones(num_tokens, start, dtype=torch.bool, device=self.device)
-        return torch.cat((prefix, tree_mask), dim=1), False  # [T, start + T]
+        return torch.cat((prefix, tree_mask), dim=1)
