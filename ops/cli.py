@@ -13,10 +13,32 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arbor", description="LLM serving with lossless speculative decoding")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    from worker.cli import add_generate_parser
+    from worker.cli import add_generate_parser, add_worker_parser
 
     add_generate_parser(subparsers)
+    add_worker_parser(subparsers)
+    from ops.up import add_up_parser
+
+    add_up_parser(subparsers)
+    _add_gateway_parser(subparsers)
     return parser
+
+
+def _add_gateway_parser(subparsers) -> None:
+    parser = subparsers.add_parser("gateway", help="serve the OpenAI-compatible HTTP API (no torch needed)")
+    parser.add_argument("--host", default=None, help="listen address (ARBOR_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (ARBOR_PORT, default 8000)")
+    parser.add_argument("--redis-url", default=None, help="Redis URL (REDIS_URL)")
+    parser.set_defaults(handler=_run_gateway)
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from gateway.main import run_gateway
+    from shared.settings import GatewaySettings
+
+    overrides = {name: getattr(args, name) for name in ("host", "port", "redis_url") if getattr(args, name) is not None}
+    run_gateway(GatewaySettings(**overrides))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

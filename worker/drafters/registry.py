@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
+
+from shared.settings import Speculation
 
 from worker.drafters.base import Drafter, DrafterError
 from worker.drafters.prompt_lookup import PromptLookupDrafter
 from worker.models.loader import LoadedModel
 
-SPECULATION_MODES = ("none", "mtp", "dflash", "tree", "ngram")
+SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
 DEFAULT_SPECULATION = "mtp"
 
 

