@@ -6,8 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 
 from shared.sampling import SamplingParams
+from shared.settings import Speculation
+
+# torch-free, so that `arbor gateway` builds this parser in an image without torch
+SPECULATION_MODES = get_args(Speculation)
 
 
 def add_generate_parser(subparsers) -> None:
@@ -30,8 +35,6 @@ def add_generate_parser(subparsers) -> None:
 
 
 def add_speculation_arguments(parser: argparse.ArgumentParser, default_mode: str = "none") -> None:
-    from worker.drafters.registry import SPECULATION_MODES
-
     parser.add_argument("--speculation", choices=SPECULATION_MODES, default=default_mode)
     parser.add_argument("--draft", type=Path, default=None, help="drafter checkpoint (MTP or DFlash)")
     parser.add_argument("--num-draft", type=int, default=None,
@@ -73,3 +76,66 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"[{len(result.token_ids)} tokens, {s.tokens_per_forward:.2f} tokens/forward, "
               f"{s.to_dict()['tokens_per_s']:.1f} tokens/s, finish={result.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def add_worker_parser(subparsers) -> None:
+    """`arbor worker`: serve one model from Redis. Flags override the environment (WorkerSettings)."""
+    parser = subparsers.add_parser("worker", help="serve a model: pull jobs from Redis, stream events back")
+    parser.add_argument("--model", default=None, help="HF folder, .gguf file or the default model's name (MODEL)")
+    parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp/dflash/tree (DRAFT)")
+    parser.add_argument("--speculation", default=None, choices=SPECULATION_MODES,
+                        help="speculation mode (SPECULATION, default mtp)")
+    parser.add_argument("--max-lanes", type=int, default=None, help="concurrent requests (ARBOR_MAX_LANES)")
+    parser.add_argument("--max-context", type=int, default=None, help="tokens per lane (ARBOR_MAX_CONTEXT)")
+    parser.add_argument("--prefill-cache-bytes", type=int, default=None,
+                        help="paired prefill cache budget, 0 disables it (ARBOR_PREFILL_CACHE_BYTES)")
+    parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
+    parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
+    parser.set_defaults(handler=run_worker)
+
+
+_WORKER_FLAGS = ("model", "draft", "speculation", "max_lanes", "max_context", "prefill_cache_bytes",
+                 "redis_url", "worker_id")
+
+
+def worker_settings(args: argparse.Namespace):
+    from shared.settings import WorkerSettings
+
+    overrides = {name: getattr(args, name) for name in _WORKER_FLAGS if getattr(args, name) is not None}
+    return WorkerSettings(**overrides)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from worker.service import ServiceConfig, WorkerService
+
+    settings = worker_settings(args)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = WorkerService(ServiceConfig.from_settings(settings), lambda: load_worker_model(settings))
+    asyncio.run(_serve_until_signalled(service))
+    return 0
+
+
+def load_worker_model(settings):
+    """The worker's model, in the owner thread; the default model's name means the bundled GGUF."""
+    from worker.drafters.registry import DraftOptions
+    from worker.models.default_model import DEFAULT_MODEL_NAME
+    from worker.serving_model import load_serving_model
+
+    model = None if settings.model == DEFAULT_MODEL_NAME else settings.model
+    options = DraftOptions(draft=Path(settings.draft) if settings.draft else None, tree_budget=settings.tree_budget)
+    dtype = "float32" if settings.dtype == "auto" else settings.dtype
+    return load_serving_model(model, settings.speculation, options, dtype, max_context=settings.max_context)
+
+
+async def _serve_until_signalled(service) -> None:
+    import asyncio
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await service.run(stop)
