@@ -1,0 +1,105 @@
+"""The Starlette app: routes, middleware, error envelopes, and the lifespan that owns Redis.
+
+Middleware, outermost first: request metrics, auth, disconnect watch. Settings arrive typed from
+the caller (`create_app(GatewaySettings())` at the process edge); nothing here reads os.environ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gateway.errors import ApiError
+from gateway.hub import EventHub
+from gateway.metrics import GatewayMetrics
+from gateway.middleware.auth import AuthMiddleware
+from gateway.middleware.disconnect import DisconnectMiddleware
+from gateway.middleware.request_metrics import RequestMetricsMiddleware
+from gateway.openapi import openapi
+from gateway.routes.generate import chat_completions, completions
+from gateway.routes.health import health
+from gateway.routes.metrics import metrics
+from gateway.routes.models import list_models
+from gateway.services import Services
+from shared.openai_schema import Limits
+from shared.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+]
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    gateway_metrics = GatewayMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Services]]:
+        redis = connect_redis(settings)
+        hub = EventHub(redis, settings.redis_timeout_s)
+        await hub.start()
+        limits = Limits(max_tokens=settings.max_tokens_cap, max_n=settings.max_n)
+        try:
+            yield {"services": Services(settings, redis, hub, gateway_metrics, limits)}
+        finally:
+            await hub.stop()
+            with anyio.move_on_after(settings.redis_timeout_s):
+                await redis.aclose()
+
+    def on_api_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        if exc.status < 500 or exc.code in ("no_ready_worker", "redis_unavailable"):
+            gateway_metrics.rejections.labels(reason=exc.code).inc()
+        return exc.response()
+
+    middleware = [
+        Middleware(RequestMetricsMiddleware, http_requests=gateway_metrics.http_requests),
+        Middleware(
+            AuthMiddleware,
+            api_keys=settings.api_keys,
+            protect_ops=settings.auth_health_metrics,
+            on_reject=lambda reason: gateway_metrics.rejections.labels(reason=reason).inc(),
+        ),
+        Middleware(DisconnectMiddleware, send_timeout_s=settings.client_timeout_s),
+    ]
+    handlers = {ApiError: on_api_error, HTTPException: on_http_error, Exception: on_crash}
+    return Starlette(routes=ROUTES, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
+
+
+def connect_redis(settings: GatewaySettings) -> Redis:
+    """Connects lazily; a Redis that is down at start shows up in /health, not as a crash."""
+    return Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+    )
+
+
+def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    code = codes.get(exc.status_code, "http_error")
+    error = ApiError(exc.status_code, str(exc.detail), code, headers=exc.headers)
+    return error.response()
+
+
+def on_crash(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s", request.url.path, exc_info=exc)
+    return ApiError(500, "Internal server error", "internal_error").response()

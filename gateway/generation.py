@@ -1,0 +1,152 @@
+"""One accepted request, from XADD to its last event, with an owner for every loose end.
+
+    async with Generation(...) as gen:       # SUBSCRIBE (confirmed), then XADD
+        async for event in gen.events():     # deltas and finals in seq order, until every
+            ...                              # choice has its final
+                                             # exit: unless finished, cancel the job; UNSUBSCRIBE
+
+Failures surface as `GenerationFailed` carrying the ApiError to send; a client that goes away
+surfaces as `ClientGone`. Either way the job is cancelled on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import anyio
+from redis.exceptions import RedisError
+
+from gateway import errors, jobs
+from gateway.accumulate import Outcome
+from gateway.delivery import DISCONNECTED, ClientGone, DeadlineExceeded, EventReader, ProtocolViolation
+from gateway.errors import ApiError
+from gateway.middleware.disconnect import DisconnectWatch
+from gateway.services import Services
+from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job
+
+log = logging.getLogger(__name__)
+
+_REDIS_FAILURES = (RedisError, OSError, TimeoutError)
+
+
+class GenerationFailed(Exception):
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Generation:
+    def __init__(
+        self, svc: Services, job: Job, num_choices: int, watch: DisconnectWatch, arrived: float
+    ) -> None:
+        self._svc = svc
+        self.job = job
+        self._num_choices = num_choices
+        self._watch = watch
+        self._arrived = arrived  # loop.time() when the HTTP request came in
+        self._stack = AsyncExitStack()
+        self._reader: EventReader | None = None
+        self._last_delta_at: float | None = None
+        self.outcome = Outcome(num_choices)
+        self.finished = False
+
+    async def __aenter__(self) -> Generation:
+        try:
+            await self._open()
+        except BaseException as exc:
+            await self._stack.aclose()
+            if isinstance(exc, _REDIS_FAILURES):
+                raise self._failed(errors.redis_unavailable(exc)) from exc
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stack.__aexit__(*exc_info)
+
+    async def _open(self) -> None:
+        svc = self._svc
+        svc.metrics.running.inc()
+        self._stack.callback(svc.metrics.running.dec)
+        queue = await self._stack.enter_async_context(svc.hub.subscription(self.job.id))
+        self._watch.add_listener(lambda: queue.put_nowait(DISCONNECTED))
+        if self._watch.disconnected:
+            raise ClientGone  # nobody to answer: do not queue work
+        self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
+        async with asyncio.timeout(svc.settings.redis_timeout_s):
+            await jobs.enqueue(svc.redis, self.job)
+        self._reader = EventReader(
+            svc.redis,
+            self.job.id,
+            queue,
+            deadline=self._arrived + svc.settings.request_timeout_s,
+            poll_s=svc.settings.event_poll_s,
+            timeout_s=svc.settings.redis_timeout_s,
+            on_repair=svc.metrics.event_repairs.inc,
+        )
+
+    async def events(self) -> AsyncIterator[DeltaEvent | FinalEvent]:
+        """Deltas and finals in seq order. Raises GenerationFailed or delivery.ClientGone."""
+        unfinished = set(range(self._num_choices))
+        while unfinished:
+            event = await self._next_event()
+            self.outcome.add(event)
+            self._observe(event)
+            if isinstance(event, FinalEvent):
+                unfinished.discard(event.choice)
+            yield event
+        self.finished = True
+        self._observe_finish()
+
+    async def _next_event(self) -> DeltaEvent | FinalEvent:
+        assert self._reader is not None, "events() outside `async with`"
+        try:
+            event = await self._reader.next_event()
+        except DeadlineExceeded:
+            raise self._failed(errors.timed_out(self._svc.settings.request_timeout_s)) from None
+        except ProtocolViolation as exc:
+            raise self._failed(errors.protocol_violation(str(exc))) from exc
+        except _REDIS_FAILURES as exc:
+            raise self._failed(errors.redis_unavailable(exc)) from exc
+        if isinstance(event, ErrorEvent):
+            raise self._failed(errors.from_worker(event))
+        if not 0 <= event.choice < self._num_choices:
+            raise self._failed(errors.protocol_violation(f"choice {event.choice} of {self._num_choices}"))
+        return event
+
+    def _failed(self, error: ApiError) -> GenerationFailed:
+        self._svc.metrics.failures.labels(code=error.code).inc()
+        return GenerationFailed(error)
+
+    def _observe(self, event: DeltaEvent | FinalEvent) -> None:
+        metrics = self._svc.metrics
+        now = asyncio.get_running_loop().time()
+        if isinstance(event, FinalEvent):
+            metrics.success.labels(finish_reason=event.finish_reason).inc()
+            if event.stats.queue_s is not None and event.choice == 0:
+                metrics.queue_time.observe(event.stats.queue_s)
+            return
+        if self._last_delta_at is None:
+            metrics.ttft.observe(now - self._arrived)
+        else:
+            metrics.inter_token.observe(now - self._last_delta_at)
+        self._last_delta_at = now
+
+    def _observe_finish(self) -> None:
+        metrics = self._svc.metrics
+        usage = self.outcome.usage()
+        metrics.e2e.observe(asyncio.get_running_loop().time() - self._arrived)
+        metrics.prompt_tokens.inc(usage.prompt_tokens)
+        metrics.generation_tokens.inc(usage.completion_tokens)
+
+    async def _cancel_unless_finished(self) -> None:
+        if self.finished:
+            return
+        # Shielded: this runs while the stream is being cancelled because the client left.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._svc.settings.redis_timeout_s):
+            try:
+                await jobs.cancel(self._svc.redis, self.job.id)
+            except _REDIS_FAILURES as exc:
+                log.warning("could not cancel %s: %s", self.job.id, exc)

@@ -1,0 +1,89 @@
+"""GET /openapi.json, generated from the pydantic request and response models."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from gateway.openai_responses import ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse, ModelList
+from shared.openai_schema import ChatCompletionRequest, CompletionRequest
+
+REF = "#/components/schemas/{model}"
+_MODELS: list[tuple[type[BaseModel], Any]] = [
+    (ChatCompletionRequest, "validation"),
+    (CompletionRequest, "validation"),
+    (ChatCompletion, "serialization"),
+    (ChatCompletionChunk, "serialization"),
+    (Completion, "serialization"),
+    (ModelList, "serialization"),
+    (ErrorResponse, "serialization"),
+]
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _generation(
+    summary: str, request: type[BaseModel], body: type[BaseModel], chunk: type[BaseModel]
+) -> dict:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {
+                "200": {
+                    "description": "A JSON body, or with stream=true server-sent events ending in [DONE]",
+                    "content": {
+                        "application/json": {"schema": _ref(body)},
+                        "text/event-stream": {"schema": _ref(chunk)},
+                    },
+                },
+                "default": {
+                    "description": "An error",
+                    "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+                },
+            },
+        }
+    }
+
+
+@cache
+def build_openapi() -> dict[str, Any]:
+    _, schemas = models_json_schema(_MODELS, ref_template=REF)
+    plain = {"200": {"description": "OK"}, "503": {"description": "Not ready"}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Arbor", "version": "0.1.0", "description": "OpenAI-compatible LLM serving"},
+        "paths": {
+            "/v1/chat/completions": _generation(
+                "Chat completion", ChatCompletionRequest, ChatCompletion, ChatCompletionChunk
+            ),
+            "/v1/completions": _generation("Text completion", CompletionRequest, Completion, Completion),
+            "/v1/models": {
+                "get": {
+                    "summary": "Served models",
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": {"application/json": {"schema": _ref(ModelList)}},
+                        }
+                    },
+                }
+            },
+            "/health": {"get": {"summary": "Redis and at least one ready worker", "responses": plain}},
+            "/metrics": {
+                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}
+            },
+        },
+        "components": {"schemas": schemas.get("$defs", {})},
+    }
+
+
+async def openapi(request: Request) -> JSONResponse:
+    return JSONResponse(build_openapi())

@@ -1,0 +1,138 @@
+"""POST /v1/chat/completions and /v1/completions: validate, admit, enqueue, reply.
+
+Validation and admission errors are plain HTTP errors. Once a stream has started, a failure is
+sent the way vLLM does: one `data: {"error": {...}}` event, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway import errors
+from gateway.admission import admit
+from gateway.chat_format import ChatFormat
+from gateway.completion_format import CompletionFormat
+from gateway.delivery import ClientGone
+from gateway.generation import Generation, GenerationFailed
+from gateway.jobs import new_job
+from gateway.middleware.disconnect import disconnect_watch
+from gateway.openai_responses import dump
+from gateway.services import Services
+from gateway.sse import DONE, HEADERS, MEDIA_TYPE, sse_data
+from shared.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    Limits,
+    limits_context,
+)
+from shared.protocol import JobKind
+from shared.settings import GatewaySettings
+
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; nobody reads it
+
+Format = ChatFormat | CompletionFormat
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, "completion")
+
+
+async def _generate(request: Request, kind: JobKind) -> Response:
+    svc: Services = request.state.services
+    arrived = asyncio.get_running_loop().time()
+    try:
+        raw = await _read(request, svc.settings)
+    except ClientDisconnect:
+        return Response(status_code=CLIENT_CLOSED)
+    req = parse_request(kind, raw, svc.limits)
+    await _admit(svc, req.model)
+    job = new_job(kind, req, svc.settings.default_max_tokens, svc.settings.request_timeout_s)
+    fmt = _format(req, job.id, int(job.created))
+    gen = Generation(svc, job, req.n, disconnect_watch(request.scope), arrived)
+    if req.stream:
+        return StreamingResponse(_stream(gen, fmt, req.include_usage), media_type=MEDIA_TYPE, headers=HEADERS)
+    return await _whole(gen, fmt)
+
+
+async def _read(request: Request, settings: GatewaySettings) -> bytes:
+    try:
+        async with asyncio.timeout(settings.client_timeout_s):
+            return await read_body(request, settings.max_body_bytes)
+    except TimeoutError:
+        raise errors.body_timeout(settings.client_timeout_s) from None
+
+
+async def _admit(svc: Services, model: str) -> None:
+    settings = svc.settings
+    try:
+        async with asyncio.timeout(settings.redis_timeout_s):
+            await admit(svc.redis, model, settings.max_queue, settings.retry_after_s)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise errors.redis_unavailable(exc) from exc
+
+
+def _format(req: GenerationRequest, request_id: str, created: int) -> Format:
+    if isinstance(req, ChatCompletionRequest):
+        return ChatFormat(request_id, created, req)
+    return CompletionFormat(request_id, created, req)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise errors.body_too_large(max_bytes)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise errors.body_too_large(max_bytes)
+    return bytes(body)
+
+
+def parse_request(kind: JobKind, raw: bytes, limits: Limits) -> GenerationRequest:
+    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    try:
+        return model.model_validate_json(raw, context=limits_context(limits))
+    except ValidationError as exc:
+        raise errors.from_validation(exc) from None
+
+
+async def _stream(gen: Generation, fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
+    try:
+        async with gen:
+            for chunk in fmt.opening():
+                yield sse_data(chunk)
+            async for event in gen.events():
+                chunk = fmt.chunk(event)
+                if chunk is not None:
+                    yield sse_data(chunk)
+            if include_usage:
+                yield sse_data(fmt.usage_chunk(gen.outcome.usage()))
+    except ClientGone:
+        return
+    except GenerationFailed as exc:
+        yield sse_data(exc.error.body())
+    yield DONE
+
+
+async def _whole(gen: Generation, fmt: Format) -> Response:
+    try:
+        async with gen:
+            async for _ in gen.events():
+                pass
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    except GenerationFailed as exc:
+        return exc.error.response()
+    return JSONResponse(dump(fmt.body(gen.outcome)))

@@ -1,0 +1,43 @@
+"""GET /v1/models: every model a live worker serves, from heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from gateway import errors
+from gateway.openai_responses import ModelCard, ModelList
+from gateway.services import Services
+from gateway.workers import live_workers
+from shared.heartbeat import Heartbeat
+
+
+async def list_models(request: Request) -> JSONResponse:
+    svc: Services = request.state.services
+    try:
+        async with asyncio.timeout(svc.settings.redis_timeout_s):
+            workers = await live_workers(svc.redis)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise errors.redis_unavailable(exc) from exc
+    return JSONResponse(model_list(workers).model_dump(mode="json"))
+
+
+def model_list(workers: list[Heartbeat]) -> ModelList:
+    by_model: dict[str, list[Heartbeat]] = {}
+    for beat in workers:
+        by_model.setdefault(beat.model, []).append(beat)
+    cards = [_card(model, beats) for model, beats in sorted(by_model.items())]
+    return ModelList(object="list", data=cards)
+
+
+def _card(model: str, beats: list[Heartbeat]) -> ModelCard:
+    contexts = [beat.max_context for beat in beats if beat.max_context]
+    return ModelCard(
+        id=model,
+        object="model",
+        created=int(min(beat.started_at for beat in beats)),
+        max_model_len=min(contexts) if contexts else None,
+    )

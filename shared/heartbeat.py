@@ -1,0 +1,55 @@
+"""A worker's heartbeat: the hash at `worker_heartbeat(worker_id)`, plus its id in `WORKERS_SET`.
+
+The worker rewrites the whole hash every `heartbeat_interval_s` and sets its TTL to
+`heartbeat_ttl_s`, in one transaction:
+
+    HSET arbor:worker:{id} <Heartbeat.to_fields()>; EXPIRE arbor:worker:{id} ttl; SADD arbor:workers {id}
+
+A worker is alive while its hash exists. The counters (steps, tokens, drafts, ...) are totals
+since `started_at`, so the gateway can sum them across workers into Prometheus counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Heartbeat(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # newer workers may report more
+
+    worker_id: str
+    model: str  # the served model name clients put in "model"
+    speculation: str  # mtp | tree | dflash | ngram | none
+    ready: bool  # loaded and reading its stream
+    lanes_total: int
+    lanes_busy: int
+    max_context: int = 0  # tokens; 0 when unknown
+    steps: int = 0
+    tokens: int = 0  # generated tokens
+    drafts: int = 0  # speculative draft->verify cycles
+    draft_tokens: int = 0  # tokens proposed by the drafter
+    accepted_tokens: int = 0  # draft tokens the target accepted
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+    started_at: float  # unix s
+    beat_at: float  # unix s
+
+    def to_fields(self) -> dict[str, str]:
+        fields = self.model_dump()
+        fields["ready"] = "1" if self.ready else "0"
+        return {name: str(value) for name, value in fields.items()}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> Heartbeat:
+        raw = {_text(k): _text(v) for k, v in fields.items()}
+        return cls.model_validate(raw)
+
+    def age_s(self, now: float | None = None) -> float:
+        return max(0.0, (time.time() if now is None else now) - self.beat_at)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,53 @@
+"""Every Redis name Arbor uses, in one place. Format a key anywhere else and it will drift.
+
+    arbor:requests:{model}      stream   jobs for one model (consumer group `workers`)
+    arbor:events:{request_id}   channel  a request's events, JSON (pub/sub: at-most-once)
+    arbor:eventlog:{request_id} list     the same events, RPUSHed in seq order (repairs gaps)
+    arbor:job:{request_id}      hash     the owning worker's progress (see `JobState`)
+    arbor:cancel:{request_id}   string   set by the gateway when the client is gone
+    arbor:control               channel  {"type": "cancel", "id": ...} to every worker
+    arbor:worker:{worker_id}    hash     a worker's heartbeat (see `Heartbeat`), with a TTL
+    arbor:workers               set      worker ids that have ever beaten (cleaned by reclaimers)
+    arbor:deadletter            stream   jobs given up after too many deliveries
+
+What goes into each value is defined in `shared.protocol` and `shared.heartbeat`.
+"""
+
+from __future__ import annotations
+
+PREFIX = "arbor:"
+
+CONSUMER_GROUP = "workers"  # the one consumer group on every request stream
+CONTROL_CHANNEL = f"{PREFIX}control"
+WORKERS_SET = f"{PREFIX}workers"
+DEAD_LETTER_STREAM = f"{PREFIX}deadletter"
+
+
+def request_stream(model: str) -> str:
+    """The stream a model's workers read jobs from (`XREADGROUP GROUP workers ...`)."""
+    return f"{PREFIX}requests:{model}"
+
+
+def events_channel(request_id: str) -> str:
+    """The pub/sub channel a request's events are published on."""
+    return f"{PREFIX}events:{request_id}"
+
+
+def event_log(request_id: str) -> str:
+    """The list holding every event of a request, index == seq, so lost messages can be re-read."""
+    return f"{PREFIX}eventlog:{request_id}"
+
+
+def job_state(request_id: str) -> str:
+    """The hash where the owning worker records its attempt, emitted tokens and next seq."""
+    return f"{PREFIX}job:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    """Exists (with a TTL) once the request is cancelled; workers check it before each step."""
+    return f"{PREFIX}cancel:{request_id}"
+
+
+def worker_heartbeat(worker_id: str) -> str:
+    """A worker's heartbeat hash; it expires when the worker stops beating."""
+    return f"{PREFIX}worker:{worker_id}"

@@ -1,0 +1,250 @@
+"""The request bodies of /v1/chat/completions and /v1/completions, validated strictly.
+
+Every field a vLLM user sends is either handled or refused by name: unknown fields are
+rejected (`extra="forbid"`), and understood-but-unsupported values raise `UnsupportedField`.
+Types are strict: "5" is not a number and "true" is not a boolean (ints are fine for floats).
+Deployment limits (max_tokens cap, n cap) come in through the validation context:
+
+    ChatCompletionRequest.model_validate_json(raw, context=limits_context(Limits(8192, 8)))
+
+Without a context (the worker re-reading a job body) the limits are not checked again.
+
+Reasoning budget: `reasoning_budget` is the number of tokens the model may spend between its
+think tags before the close tag is forced. OpenAI's `reasoning_effort` maps to a budget:
+none -> 0, minimal -> 256, low -> 1024, medium -> 4096, high -> 16384. Give one, not both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from shared.openai_messages import Message, Tool, ToolChoice
+from shared.sampling import SamplingParams
+
+REASONING_EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when a request omits temperature
+
+
+class UnsupportedField(ValueError):
+    """A field Arbor understands but does not implement; `param` names it for the error envelope."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_tokens: int  # largest max_tokens / max_completion_tokens accepted
+    max_n: int
+
+
+def limits_context(limits: Limits) -> dict[str, Limits]:
+    return {"limits": limits}
+
+
+def _limits(info: ValidationInfo) -> Limits | None:
+    return (info.context or {}).get("limits")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise UnsupportedField("response_format", f"type {value!r} is not supported; only 'text'")
+        return value
+
+
+class _GenerationRequest(BaseModel):
+    """Fields both endpoints share: the model, streaming, n and sampling."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0 both mean off
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n_within_cap(cls, value: int, info: ValidationInfo) -> int:
+        limits = _limits(info)
+        if limits is not None and value > limits.max_n:
+            raise ValueError(f"n={value} exceeds the limit of {limits.max_n}")
+        return value
+
+    @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
+    @classmethod
+    def _max_tokens_within_cap(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limits = _limits(info)
+        if value is not None and limits is not None and value > limits.max_tokens:
+            raise ValueError(f"{info.field_name}={value} exceeds the limit of {limits.max_tokens}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if value is not None and any(not stop for stop in _as_list(value)):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise UnsupportedField("logit_bias", "is not supported")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _GenerationRequest:
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedField("stream_options", "is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    reasoning_budget: int | None = Field(None, ge=0)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _auto_or_none(cls, value: Any) -> Any:
+        if value is not None and value not in ("auto", "none"):
+            raise UnsupportedField("tool_choice", "only 'auto' and 'none' are supported")
+        return value
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _parallel_only(cls, value: bool | None) -> bool | None:
+        if value is False:
+            raise UnsupportedField("parallel_tool_calls", "false is not supported")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UnsupportedField("top_logprobs", "requires logprobs to be true")
+        if self.reasoning_budget is not None and self.reasoning_effort is not None:
+            raise UnsupportedField("reasoning_effort", "give reasoning_budget or reasoning_effort, not both")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def reasoning_budget_tokens(self) -> int | None:
+        """Tokens allowed between the think tags; None means unbounded."""
+        if self.reasoning_effort is not None:
+            return REASONING_EFFORT_BUDGETS[self.reasoning_effort]
+        return self.reasoning_budget
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)  # legacy: how many top logprobs per token
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_text_prompt(cls, value: Any) -> Any:
+        ok = isinstance(value, str) or (len(value) == 1 and isinstance(value[0], str))
+        if not ok:
+            raise UnsupportedField("prompt", "only a string or a list of one string is supported")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise UnsupportedField("echo", "true is not supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise UnsupportedField("suffix", "is not supported")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_one(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise UnsupportedField("best_of", f"{value} is not supported; only 1")
+        return value
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]  # type: ignore[return-value]
+
+
+GenerationRequest = ChatCompletionRequest | CompletionRequest
+
+
+def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) -> SamplingParams:
+    """The sampler's view of a request; OpenAI defaults where the request is silent."""
+    top_k = req.top_k or 0
+    return SamplingParams(
+        max_tokens=req.requested_max_tokens() or default_max_tokens,
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=max(top_k, 0),
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        stop=_as_list(req.stop),
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def _as_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)

@@ -1,0 +1,232 @@
+"""What the gateway and the workers say to each other over Redis. Both sides import these.
+
+A request's life, with the Redis names from `shared.keys`:
+
+1. The gateway SUBSCRIBEs to `events_channel(id)` and only then XADDs a `Job` (`Job.to_fields()`)
+   to `request_stream(model)`. The consumer group `CONSUMER_GROUP` is created with start id "0"
+   (`XGROUP CREATE ... 0 MKSTREAM`) by whichever side gets there first; BUSYGROUP is not an error.
+2. A worker XREADGROUPs the job when it has a free lane and writes `JobState` to `job_state(id)`.
+   It re-validates `Job.body` with `shared.openai_schema` (no limits context) and reads:
+   `to_sampling_params(req)` (max_tokens is always set by the gateway), `n` (one lane per choice
+   or a lane with n streams: every event names its `choice`), chat `logprobs` / `top_logprobs`,
+   completion `logprobs` (top-k count), `tools`, `chat_template_kwargs`,
+   `reasoning_budget_tokens()`, and `CompletionRequest.prompt_text()`. A job already past its
+   `deadline` gets an `ErrorEvent` with code `deadline_exceeded`.
+3. For every event it runs ONE transaction (MULTI/EXEC), so the log, the channel and the state
+   never disagree:
+       RPUSH event_log(id) <json>; EXPIRE event_log(id) EVENT_LOG_TTL_S;
+       PUBLISH events_channel(id) <json>; HSET job_state(id) next_seq <seq+1> ...; EXPIRE ...
+   `seq` starts at 0 and is contiguous per request *across attempts*, so LRANGE index == seq.
+   Pub/sub is at-most-once: the gateway repairs a gap (or silence) with LRANGE on the log.
+4. Each choice ends with exactly one `FinalEvent`; an `ErrorEvent` ends the whole request.
+   Afterwards the worker XACKs and XDELs the entry and DELs the job state (one transaction).
+   The gateway never trims the stream, so unread jobs are never lost.
+5. Client gone (or gateway deadline): the gateway SETs `cancel_key(id)` (EX CANCEL_TTL_S) and
+   PUBLISHes a `CancelMessage` on `CONTROL_CHANNEL`. The worker drops the lane before its next
+   step and cleans up as in 4; a final with finish_reason "cancelled" is optional (nobody waits).
+6. Worker death: a reclaimer XAUTOCLAIMs the job (only if the owner's heartbeat has expired),
+   takes attempt = `JobState.attempt` + 1 (the entry's fields are immutable), and resumes from
+   prompt + `JobState.emitted_token_ids`, continuing at `JobState.next_seq`. A stale attempt
+   must not publish (fence on `JobState.attempt`). After `max_attempts` deliveries the job goes
+   to `DEAD_LETTER_STREAM` and an `ErrorEvent` (code `dead_letter`) is published.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+EVENT_LOG_TTL_S = 600  # refreshed on every RPUSH, so it outlives any gap the gateway repairs
+JOB_STATE_TTL_S = 600  # refreshed on every event
+CANCEL_TTL_S = 600
+
+JobKind = Literal["chat", "completion"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
+
+
+class ErrorCode:
+    """`ErrorEvent.code` values. The gateway maps them to HTTP statuses for non-streaming replies."""
+
+    INVALID_REQUEST = "invalid_request"  # 400: e.g. a template the worker cannot render
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # 400: prompt + max_tokens > context
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # 504: the job's deadline passed before it finished
+    DEAD_LETTER = "dead_letter"  # 500: too many deliveries, given up
+    INTERNAL_ERROR = "internal_error"  # 500: anything else
+
+
+def _decode(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Job(BaseModel):
+    """One request stream entry. On the wire every field is a string (`to_fields`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str  # "chatcmpl-..." or "cmpl-..."
+    model: str
+    kind: JobKind
+    body: str  # JSON of the validated request (ChatCompletionRequest / CompletionRequest)
+    created: float  # unix s, when the gateway accepted it
+    deadline: float  # unix s; past it the worker drops the job with DEADLINE_EXCEEDED
+    attempt: int = 1  # 1 on first delivery; the reclaimer bumps it
+
+    def to_fields(self) -> dict[str, str]:
+        return {name: str(value) for name, value in self.model_dump().items()}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> Job:
+        return cls.model_validate({_decode(k): _decode(v) for k, v in fields.items()})
+
+    def request(self) -> dict[str, Any]:
+        """The request body as a dict (validate it with the model from `shared.openai_schema`)."""
+        return json.loads(self.body)
+
+
+class JobState(BaseModel):
+    """The owning worker's progress in `job_state(id)`; what a reclaimer resumes from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker: str
+    attempt: int
+    emitted_token_ids: list[list[int]]  # per choice, every token already published
+    finished_choices: list[int] = Field(default_factory=list)  # choices whose final is published
+    next_seq: int = 0
+
+    def to_fields(self) -> dict[str, str]:
+        return {
+            "worker": self.worker,
+            "attempt": str(self.attempt),
+            "emitted_token_ids": json.dumps(self.emitted_token_ids),
+            "finished_choices": json.dumps(self.finished_choices),
+            "next_seq": str(self.next_seq),
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> JobState:
+        raw = {_decode(k): _decode(v) for k, v in fields.items()}
+        for name in ("emitted_token_ids", "finished_choices"):
+            if name in raw:
+                raw[name] = json.loads(raw[name])
+        return cls.model_validate(raw)
+
+
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(BaseModel):
+    """One sampled token's logprob, in the shape of OpenAI chat `logprobs.content[i]`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class FunctionDelta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    arguments: str | None = None  # a fragment; the client concatenates fragments
+
+
+class ToolCallDelta(BaseModel):
+    """An OpenAI streamed tool-call delta: the first one for an `index` carries id, type, name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class FinalStats(BaseModel):
+    """Per-choice statistics. Known keys are typed; a worker may add more (they are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    speculation: str | None = None  # the worker's mode: mtp, tree, dflash, ngram, none
+    target_forwards: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    queue_s: float | None = None  # job created -> worker picked it up
+    prefill_s: float | None = None
+    decode_s: float | None = None
+
+
+class _EventBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # the request id
+    attempt: int
+    seq: int  # 0, 1, 2, ... contiguous per request across attempts
+
+
+class DeltaEvent(_EventBase):
+    type: Literal["delta"] = "delta"
+    choice: int = 0
+    text: str = ""  # visible content
+    reasoning: str = ""  # text between the think tags -> reasoning_content
+    token_ids: list[int] = Field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = Field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one entry per token in token_ids, when asked
+
+
+class FinalEvent(_EventBase):
+    type: Literal["final"] = "final"
+    choice: int = 0
+    finish_reason: FinishReason
+    usage: Usage
+    stats: FinalStats = Field(default_factory=FinalStats)
+
+
+class ErrorEvent(_EventBase):
+    type: Literal["error"] = "error"
+    message: str
+    code: str = ErrorCode.INTERNAL_ERROR
+
+
+Event = Annotated[DeltaEvent | FinalEvent | ErrorEvent, Field(discriminator="type")]
+_EVENT = TypeAdapter(Event)
+
+
+def parse_event(raw: str | bytes) -> DeltaEvent | FinalEvent | ErrorEvent:
+    """One event from its JSON; raises pydantic.ValidationError on anything else."""
+    return _EVENT.validate_json(raw)
+
+
+def encode_event(event: DeltaEvent | FinalEvent | ErrorEvent) -> str:
+    return event.model_dump_json()
+
+
+class CancelMessage(BaseModel):
+    """Published on `CONTROL_CHANNEL` when a request is cancelled (the cancel key is set too)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["cancel"] = "cancel"
+    id: str
+
+
+def parse_control(raw: str | bytes) -> CancelMessage:
+    return CancelMessage.model_validate_json(raw)

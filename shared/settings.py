@@ -1,0 +1,102 @@
+"""Process settings, read once from the environment at start-up and passed down typed.
+
+Naming: the four names the deployment shares (`REDIS_URL`, `MODEL`, `DRAFT`, `SPECULATION`) and
+`WORKER_ID` are unprefixed; everything else is `ARBOR_<FIELD>` (e.g. `ARBOR_API_KEYS`).
+Construct with keyword arguments in code and tests: `GatewaySettings(redis_url=...)`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore")
+
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
+    host: str = "127.0.0.1"  # ARBOR_HOST
+    port: int = Field(8000, ge=0, le=65535)  # ARBOR_PORT
+    # ARBOR_API_KEYS="k1,k2"; empty disables auth.
+    api_keys: Annotated[tuple[str, ...], NoDecode] = ()
+    auth_health_metrics: bool = False  # ARBOR_AUTH_HEALTH_METRICS: /health, /metrics need a key too
+    max_queue: int = Field(256, ge=1)  # ARBOR_MAX_QUEUE: waiting + pending per model before 429
+    retry_after_s: int = Field(1, ge=1)  # ARBOR_RETRY_AFTER_S: the 429's Retry-After
+    request_timeout_s: float = Field(600.0, gt=0)  # ARBOR_REQUEST_TIMEOUT_S: also the job deadline
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # ARBOR_MAX_BODY_BYTES
+    # ARBOR_CLIENT_TIMEOUT_S: longest a client may stall sending its body or taking the reply.
+    client_timeout_s: float = Field(30.0, gt=0)
+    max_tokens_cap: int = Field(8192, ge=1)  # ARBOR_MAX_TOKENS_CAP: largest max_tokens accepted
+    default_max_tokens: int = Field(1024, ge=1)  # ARBOR_DEFAULT_MAX_TOKENS: when a request sets none
+    max_n: int = Field(8, ge=1)  # ARBOR_MAX_N: largest n accepted
+    redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
+    event_poll_s: float = Field(1.0, gt=0)  # ARBOR_EVENT_POLL_S: silence before re-reading the log
+    log_level: str = "info"  # ARBOR_LOG_LEVEL
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(key.strip() for key in value.split(",") if key.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> GatewaySettings:
+        if self.default_max_tokens > self.max_tokens_cap:
+            raise ValueError(
+                f"default_max_tokens={self.default_max_tokens} exceeds max_tokens_cap={self.max_tokens_cap}"
+            )
+        return self
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore")
+
+    # MODEL: an HF folder, a .gguf file, or the default model's name (resolved by the worker).
+    model: str = Field("SmolLM2-135M-Instruct", validation_alias="MODEL")
+    draft: str | None = Field(None, validation_alias="DRAFT")  # DFlash/MTP weights, if separate
+    speculation: Speculation = Field("mtp", validation_alias="SPECULATION")
+    served_model_name: str | None = None  # ARBOR_SERVED_MODEL_NAME; default: MODEL's file stem
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
+    worker_id: str = Field(default_factory=_default_worker_id, validation_alias="WORKER_ID")
+    max_lanes: int = Field(8, ge=1)  # ARBOR_MAX_LANES: concurrent requests
+    max_context: int = Field(4096, ge=16)  # ARBOR_MAX_CONTEXT: tokens per lane, prompt + output
+    prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
+    tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (mode "tree")
+    dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"  # ARBOR_DTYPE
+    heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S
+    heartbeat_ttl_s: float = Field(5.0, gt=0)  # ARBOR_HEARTBEAT_TTL_S: dead after this silence
+    max_attempts: int = Field(3, ge=1)  # ARBOR_MAX_ATTEMPTS: deliveries before the dead letter
+    drain_grace_s: float = Field(30.0, ge=0)  # ARBOR_DRAIN_GRACE_S: finish lanes on SIGTERM
+    redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S
+    log_level: str = "info"  # ARBOR_LOG_LEVEL
+
+    @model_validator(mode="after")
+    def _ttl_outlives_interval(self) -> WorkerSettings:
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"heartbeat_ttl_s={self.heartbeat_ttl_s} must exceed "
+                f"heartbeat_interval_s={self.heartbeat_interval_s}"
+            )
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name clients send as "model" and the stream this worker reads."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model.rstrip("/"))
+        return path.stem if path.suffix == ".gguf" else path.name

@@ -1,0 +1,84 @@
+"""Admission: 503 without a ready worker, 429 with Retry-After when the model's queue is full."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from shared import keys
+from shared.protocol import Job
+from tests.gateway.conftest import MODEL, GatewayServer
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _enqueue_jobs(client: redis.Redis, count: int) -> None:
+    for i in range(count):
+        now = time.time()
+        body = json.dumps(CHAT | {"max_tokens": 4})
+        job = Job(id=f"chatcmpl-old{i}", model=MODEL, kind="chat", body=body, created=now, deadline=now + 60)
+        client.xadd(keys.request_stream(MODEL), job.to_fields())
+
+
+def test_no_workers_at_all_is_503(gateway: GatewayServer) -> None:
+    response = gateway.http().post("/v1/chat/completions", json=CHAT)
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "no_ready_worker"
+
+
+def test_worker_not_ready_is_503(gateway: GatewayServer, make_peer) -> None:
+    make_peer(ready=False)
+
+    response = gateway.http().post("/v1/chat/completions", json=CHAT)
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "no_ready_worker"
+
+
+def test_expired_heartbeat_no_longer_counts(
+    gateway: GatewayServer, redis_client: redis.Redis, make_peer
+) -> None:
+    peer = make_peer()
+    peer.stop()
+    redis_client.delete(keys.worker_heartbeat(peer.worker_id))  # what the TTL does
+
+    response = gateway.http().post("/v1/chat/completions", json=CHAT)
+
+    assert response.status_code == 503
+
+
+def test_full_queue_is_429_with_retry_after(make_gateway, redis_client: redis.Redis, make_peer) -> None:
+    gateway = make_gateway(max_queue=3, retry_after_s=7)
+    make_peer(consume=False)
+    _enqueue_jobs(redis_client, 3)
+
+    response = gateway.http().post("/v1/chat/completions", json=CHAT)
+
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "7"
+    assert response.json()["error"]["code"] == "queue_full"
+    assert redis_client.xlen(keys.request_stream(MODEL)) == 3  # nothing trimmed, nothing added
+
+
+def test_pending_jobs_count_towards_the_limit(make_gateway, redis_client: redis.Redis, make_peer) -> None:
+    gateway = make_gateway(max_queue=2)
+    make_peer(consume=False)
+    _enqueue_jobs(redis_client, 2)
+    redis_client.xreadgroup(keys.CONSUMER_GROUP, "someone", {keys.request_stream(MODEL): ">"}, count=1)
+
+    response = gateway.http().post("/v1/chat/completions", json=CHAT)
+
+    assert response.status_code == 429
+
+
+def test_room_in_the_queue_is_admitted(make_gateway, redis_client: redis.Redis, make_peer) -> None:
+    gateway = make_gateway(max_queue=3)
+    make_peer()
+    _enqueue_jobs(redis_client, 1)
+
+    reply = gateway.openai().chat.completions.create(**CHAT)
+
+    assert reply.choices[0].finish_reason == "stop"

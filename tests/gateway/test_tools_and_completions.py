@@ -1,0 +1,154 @@
+"""A tool-call round trip and legacy completions, through the OpenAI SDK."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from shared.protocol import Job
+from tests.gateway.conftest import MODEL, GatewayServer
+from tests.gateway.protocol_peer import ProtocolPeer, Step, delta, final
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _weather_script(job: Job) -> list[Step]:
+    """Call the tool on a user turn; answer from the tool's result on a tool turn."""
+    last = job.request()["messages"][-1]
+    if last["role"] == "tool":
+        return [delta(f"It is {json.loads(last['content'])['temp_c']} C in Paris."), final()]
+    call = {
+        "index": 0,
+        "id": "call_7",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    return [
+        delta(tool_calls=[call]),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]),
+        final("tool_calls"),
+    ]
+
+
+def test_tool_call_round_trip(gateway: GatewayServer, make_peer) -> None:
+    peer = make_peer(script=_weather_script)
+    client = gateway.openai()
+    messages: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
+
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="auto"
+    )
+    [call] = first.choices[0].message.tool_calls
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21})})
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
+
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert first.choices[0].message.content is None
+    assert (call.id, call.type, call.function.name) == ("call_7", "function", "get_weather")
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert second.choices[0].message.content == "It is 21 C in Paris."
+    sent = json.loads(peer.jobs[1].body)
+    assert sent["tools"] == [WEATHER_TOOL]
+    assert sent["messages"][1]["tool_calls"][0]["id"] == "call_7"
+    assert sent["messages"][2] == {"role": "tool", "tool_call_id": "call_7", "content": '{"temp_c": 21}'}
+
+
+def test_streamed_tool_call_reassembles_in_the_sdk(gateway: GatewayServer, make_peer) -> None:
+    make_peer(script=_weather_script)
+    stream = gateway.openai().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER_TOOL], stream=True
+    )
+
+    parts = [tc for chunk in stream if chunk.choices for tc in chunk.choices[0].delta.tool_calls or []]
+
+    assert parts[0].id == "call_7" and parts[0].function.name == "get_weather"
+    assert "".join(p.function.arguments or "" for p in parts) == '{"city": "Paris"}'
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}})],
+)
+def test_forced_tool_choice_is_refused_by_name(
+    gateway: GatewayServer, peer: ProtocolPeer, field: str, value
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        gateway.openai().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[WEATHER_TOOL], **{field: value}
+        )
+
+    assert caught.value.body["param"] == field
+    assert peer.jobs == []
+
+
+def test_completion_non_streaming(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+    reply = gateway.openai().completions.create(model=MODEL, prompt="Once upon", max_tokens=5)
+
+    assert reply.object == "text_completion" and reply.id.startswith("cmpl-")
+    assert reply.choices[0].text == "Hello, world"
+    assert reply.choices[0].finish_reason == "stop"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 3)
+    [job] = peer.jobs
+    assert job.kind == "completion"
+    assert json.loads(job.body)["prompt"] == "Once upon"
+
+
+def test_completion_stream_with_usage(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+    chunks = list(
+        gateway.openai().completions.create(
+            model=MODEL, prompt=["Once"], stream=True, stream_options={"include_usage": True}
+        )
+    )
+
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello, world"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 10
+
+
+def _logprob_script(job: Job) -> list[Step]:
+    entries = [
+        {"token": "Hel", "logprob": -0.1, "top_logprobs": [{"token": "Hel", "logprob": -0.1}]},
+        {"token": "lo", "logprob": -0.2, "top_logprobs": [{"token": "lo", "logprob": -0.2}]},
+    ]
+    return [delta("Hello", token_ids=[1, 2], logprobs=entries), final()]
+
+
+def test_completion_logprobs_use_the_legacy_shape(gateway: GatewayServer, make_peer) -> None:
+    make_peer(script=_logprob_script)
+
+    reply = gateway.openai().completions.create(model=MODEL, prompt="x", logprobs=1)
+
+    logprobs = reply.choices[0].logprobs
+    assert logprobs.tokens == ["Hel", "lo"]
+    assert logprobs.token_logprobs == [-0.1, -0.2]
+    assert logprobs.top_logprobs == [{"Hel": -0.1}, {"lo": -0.2}]
+    assert logprobs.text_offset == [0, 3]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"suffix": "end"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, 2, 3]}, "prompt"),
+    ],
+)
+def test_unsupported_completion_options_are_refused(
+    gateway: GatewayServer, peer: ProtocolPeer, extra: dict, param: str
+) -> None:
+    response = gateway.http().post("/v1/completions", json={"model": MODEL, "prompt": "x"} | extra)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+    assert peer.jobs == []

@@ -1,0 +1,201 @@
+"""Request validation: what vLLM users send is handled or refused by name, never ignored."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from shared.openai_schema import (
+    REASONING_EFFORT_BUDGETS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Limits,
+    UnsupportedField,
+    limits_context,
+    to_sampling_params,
+)
+
+LIMITS = limits_context(Limits(max_tokens=1000, max_n=4))
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": USER} | fields, context=LIMITS)
+
+
+def refused(model=ChatCompletionRequest, **fields) -> tuple[str, str]:
+    """(param, message) of the first error, the way the gateway reports it."""
+    base = (
+        {"model": "m", "messages": USER} if model is ChatCompletionRequest else {"model": "m", "prompt": "p"}
+    )
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(base | fields, context=LIMITS)
+    error = caught.value.errors()[0]
+    cause = error.get("ctx", {}).get("error")
+    param = cause.param if isinstance(cause, UnsupportedField) else ".".join(map(str, error["loc"]))
+    return param, error["msg"]
+
+
+def test_a_full_vllm_style_chat_request_is_accepted() -> None:
+    req = chat(
+        messages=[
+            {"role": "developer", "content": "rules"},
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "kind"}],
+            },
+            {"role": "user", "content": "weather?", "name": "ann"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        ],
+        tools=[{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}],
+        tool_choice="auto",
+        parallel_tool_calls=True,
+        stream=True,
+        stream_options={"include_usage": True},
+        n=2,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        seed=3,
+        stop=["</s>", "\n\n"],
+        max_completion_tokens=100,
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        repetition_penalty=1.1,
+        logprobs=True,
+        top_logprobs=5,
+        user="u",
+        chat_template_kwargs={"enable_thinking": True},
+        reasoning_budget=512,
+        ignore_eos=False,
+        stop_token_ids=[7],
+        response_format={"type": "text"},
+    )
+
+    assert req.include_usage and req.requested_max_tokens() == 100 and req.reasoning_budget_tokens() == 512
+    params = to_sampling_params(req)
+    assert (params.temperature, params.top_p, params.top_k, params.min_p, params.seed) == (
+        0.7,
+        0.9,
+        40,
+        0.05,
+        3,
+    )
+    assert (params.max_tokens, params.stop, params.stop_token_ids) == (100, ["</s>", "\n\n"], [7])
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.1, 0.2, 1.1)
+
+
+def test_defaults_follow_openai() -> None:
+    params = to_sampling_params(chat(), default_max_tokens=77)
+
+    assert params.temperature == 1.0 and params.top_p == 1.0 and params.top_k == 0
+    assert params.max_tokens == 77 and params.stop == [] and not params.greedy
+
+
+def test_integers_are_fine_where_floats_are_expected() -> None:
+    assert to_sampling_params(chat(temperature=1, top_p=1)).temperature == 1.0
+
+
+def test_top_k_minus_one_means_off() -> None:
+    assert to_sampling_params(chat(top_k=-1)).top_k == 0
+
+
+@pytest.mark.parametrize(("effort", "budget"), sorted(REASONING_EFFORT_BUDGETS.items()))
+def test_reasoning_effort_maps_to_a_budget(effort: str, budget: int) -> None:
+    assert chat(reasoning_effort=effort).reasoning_budget_tokens() == budget
+
+
+def test_no_reasoning_budget_means_unbounded() -> None:
+    assert chat().reasoning_budget_tokens() is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "w"}}}, "tool_choice"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"reasoning_budget": 10, "reasoning_effort": "low"}, "reasoning_effort"),
+        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"max_tokens": 1001}, "max_tokens"),
+        ({"max_completion_tokens": 1001}, "max_completion_tokens"),
+        ({"n": 5}, "n"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"seed": "lucky"}, "seed"),
+        ({"max_tokens": "5"}, "max_tokens"),  # strict: numbers in strings are a client bug
+        ({"stream": "true"}, "stream"),
+        ({"frobnicate": True}, "frobnicate"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool.tool_call_id"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0"),
+    ],
+)
+def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
+    assert refused(**fields)[0] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [[1, 2]]}, "prompt"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"messages": USER}, "messages"),
+    ],
+)
+def test_refused_completion_fields_are_named(fields: dict, param: str) -> None:
+    assert refused(CompletionRequest, **fields)[0] == param
+
+
+def test_completion_prompt_forms() -> None:
+    assert CompletionRequest(model="m", prompt="a").prompt_text() == "a"
+    assert CompletionRequest(model="m", prompt=["b"], best_of=1, echo=False).prompt_text() == "b"
+
+
+def test_limits_are_not_rechecked_without_a_context() -> None:
+    """A worker re-reading a job body needs no deployment limits."""
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": USER, "max_tokens": 10**6, "n": 50})
+
+    assert req.max_tokens == 10**6 and req.n == 50
+
+
+@given(name=st.from_regex(r"[a-z_]{1,20}", fullmatch=True))
+def test_any_unknown_top_level_field_is_refused_by_name(name: str) -> None:
+    if name in ChatCompletionRequest.model_fields:
+        return
+    assert refused(**{name: 1})[0] == name
+
+
+@given(
+    temperature=st.floats(0, 2),
+    top_p=st.floats(0.01, 1),
+    top_k=st.integers(-1, 100),
+    max_tokens=st.integers(1, 1000),
+    stop=st.one_of(
+        st.none(), st.text(min_size=1, max_size=5), st.lists(st.text(min_size=1, max_size=5), max_size=3)
+    ),
+)
+def test_every_valid_request_maps_to_valid_sampling_params(
+    temperature, top_p, top_k, max_tokens, stop
+) -> None:
+    req = chat(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, stop=stop)
+
+    params = to_sampling_params(req)
+
+    assert params.max_tokens == max_tokens and params.top_k >= 0
+    assert params.stop == ([] if stop is None else [stop] if isinstance(stop, str) else stop)
