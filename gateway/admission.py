@@ -14,8 +14,8 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from gateway import errors
-from gateway.queue_stats import read_queue_stats
-from gateway.workers import live_workers
+from shared.queue_stats import read_queue_stats
+from shared.live_workers import live_workers
 from shared.heartbeat import Heartbeat
 
 

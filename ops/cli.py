@@ -17,9 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_generate_parser(subparsers)
     add_worker_parser(subparsers)
+    from ops.training.train_drafter import add_train_parser
+    from ops.top import add_top_parser
     from ops.up import add_up_parser
 
     add_up_parser(subparsers)
+    add_train_parser(subparsers)
+    add_top_parser(subparsers)
     _add_gateway_parser(subparsers)
     return parser
 

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway.services import Services
-from gateway.workers import live_workers
+from shared.live_workers import live_workers
 from shared.heartbeat import Heartbeat
 
 

@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.fleet import FleetSnapshot, read_fleet
+from shared.fleet import FleetSnapshot, read_fleet
 from gateway.services import Services
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse
 from gateway import errors
 from gateway.openai_responses import ModelCard, ModelList
 from gateway.services import Services
-from gateway.workers import live_workers
+from shared.live_workers import live_workers
 from shared.heartbeat import Heartbeat
 
 

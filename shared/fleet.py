@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from gateway.queue_stats import QueueStats, read_queue_stats
-from gateway.workers import live_workers
+from shared.queue_stats import QueueStats, read_queue_stats
+from shared.live_workers import live_workers
 from shared import keys
 from shared.heartbeat import Heartbeat
 

@@ -1,0 +1,153 @@
+"""Training an MTP head (Qwen3-Next `mtp.*` format) on a frozen target, by self-distillation.
+
+The head learns the target's argmax k steps ahead. It is trained the way it drafts ("training-time
+test"): step 1 pairs the target's hidden state h_t with token x_{t+1}; step s > 1 pairs the head's
+own previous output with x_{t+s}, and attends, like at inference, to the committed step-1 pairs at
+positions <= t plus the earlier steps of its own chain. Positions match the drafter's (t + s - 1).
+
+Worked example, T = 6 tokens, 3 steps, n = T - 3 = 3 chains (t = 0, 1, 2):
+    step 1 at t: (h_t, x_{t+1}) at position t      -> target argmax after x_{t+1}
+    step 2 at t: (g1_t, x_{t+2}) at position t + 1  -> argmax after x_{t+2}; sees step-1 keys 0..t and itself
+    step 3 at t: (g2_t, x_{t+3}) at position t + 2  -> argmax after x_{t+3}; sees step-1 keys 0..t, g2's key, itself
+The softmax runs over a training vocabulary (every token that occurs as a target plus the most
+frequent ones), which costs a fraction of the full 49k-way head and changes little: tokens the
+target never predicts carry almost no probability for the drafter either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+
+from ops.training.capture import CapturedSequence
+from worker.drafters.mtp import MtpHead
+from worker.models.decoder import grouped_attention
+from worker.models.rope import RotaryEmbedding, apply_rotary
+
+
+@dataclasses.dataclass(slots=True)
+class MtpTrainConfig:
+    num_steps: int = 3  # chain depth trained (and drafted by default)
+    step_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    sequences_per_update: int = 8
+    max_len: int = 320  # longer sequences are cut into windows
+
+
+def init_head(served) -> MtpHead:
+    """Start from the target's last decoder layer; fc passes the hidden half through."""
+    decoder = served.loaded.decoder
+    config = decoder.config
+    head = MtpHead(config)
+    head.layers[0].load_state_dict(decoder.model.layers[-1].state_dict())
+    hidden = config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, hidden:] = torch.eye(hidden)
+        head.fc.weight[:, :hidden] = 0.1 * torch.eye(hidden)
+    return head.float().train()
+
+
+def training_vocabulary(sequences: list[CapturedSequence], vocab_size: int, extra: int = 4096) -> torch.Tensor:
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for sequence in sequences:
+        counts += torch.bincount(sequence.target_next, minlength=vocab_size)
+        counts += torch.bincount(sequence.token_ids, minlength=vocab_size)
+    used = (counts > 0).nonzero().flatten()
+    top = counts.topk(min(vocab_size, len(used) + extra)).indices
+    return torch.unique(torch.cat([used, top]))
+
+
+def chain_losses(head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
+                 vocab: torch.Tensor, vocab_index: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
+    decoder = served.loaded.decoder
+    ids, labels = sequence.token_ids, sequence.target_next
+    n = ids.shape[0] - num_steps
+    if n < 2:
+        return []
+    layer = head.layers[0]
+    attn = layer.self_attn
+    lm_weight = decoder.lm_head.weight[vocab]  # [train_vocab, hidden]
+    hidden = sequence.final_hidden[:n].float()
+    keys, values, losses = [], [], []
+    for step in range(num_steps):
+        tokens = ids[step + 1 : step + 1 + n]
+        targets = vocab_index[labels[step + 1 : step + 1 + n]]
+        embedded = head.pre_fc_norm_embedding(decoder.model.embed_tokens(tokens))
+        x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [n, hidden]
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(n, attn.num_heads, attn.head_dim)
+        k = attn.k_proj(h).view(n, attn.num_kv_heads, attn.head_dim)
+        v = attn.v_proj(h).view(n, attn.num_kv_heads, attn.head_dim)
+        if attn.q_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rotary(torch.arange(step, step + n))
+        keys.append(apply_rotary(k.transpose(0, 1), cos, sin))
+        values.append(v.transpose(0, 1))
+        mask = _chain_mask(n, step + 1)
+        out = grouped_attention(apply_rotary(q.transpose(0, 1), cos, sin), torch.cat(keys, 1), torch.cat(values, 1), mask)
+        x = x + attn.o_proj(out.transpose(0, 1).reshape(n, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        hidden = head.norm(x)  # g_s: the next step's hidden input, as the drafter feeds it back
+        losses.append(F.cross_entropy(hidden @ lm_weight.T, targets))
+    return losses
+
+
+def _chain_mask(n: int, num_blocks: int) -> torch.Tensor:
+    """[n, num_blocks * n]: step-1 keys causally, each later step's key only for its own chain."""
+    blocks = [torch.ones(n, n, dtype=torch.bool).tril()] + [torch.eye(n, dtype=torch.bool)] * (num_blocks - 1)
+    return torch.cat(blocks, dim=1)
+
+
+def windows(sequences: list[CapturedSequence], max_len: int) -> list[CapturedSequence]:
+    out = []
+    for s in sequences:
+        for start in range(0, len(s.token_ids), max_len):
+            stop = start + max_len
+            out.append(CapturedSequence(s.token_ids[start:stop], s.final_hidden[start:stop], None,
+                                        s.target_next[start:stop]))
+    return out
+
+
+def make_optimizer(head: MtpHead, config: MtpTrainConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+
+def lr_at(step: int, total: int, base: float, warmup: int = 20) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def train_updates(head: MtpHead, served, data: list[CapturedSequence], vocab: torch.Tensor,
+                  optimizer: torch.optim.Optimizer, config: MtpTrainConfig, start_update: int,
+                  num_updates: int, progress) -> list[float]:
+    """Run updates [start_update, num_updates); returns the mean loss of each."""
+    rotary = RotaryEmbedding(served.loaded.decoder.config, torch.float32)
+    vocab_index = torch.full((served.loaded.decoder.config.vocab_size,), 0, dtype=torch.int64)
+    vocab_index[vocab] = torch.arange(len(vocab))
+    rng = random.Random(start_update)
+    history = []
+    for update in range(start_update, num_updates):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(update, num_updates, config.lr)
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for sequence in rng.sample(data, config.sequences_per_update):
+            losses = chain_losses(head, served, rotary, sequence, vocab, vocab_index, config.num_steps)
+            if not losses:
+                continue
+            loss = sum(w * l for w, l in zip(config.step_weights, losses)) / config.sequences_per_update
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        history.append(total)
+        progress.update(1)
+        progress.set_postfix(loss=f"{total:.3f}")
+    return history
