@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup run generate test test-all bench clean
+.PHONY: setup run generate test test-all ci-tools bench clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,12 @@ test: setup
 
 test-all: setup
 	$(BIN)/pytest -q -m "" $(ARGS)
+
+# Debian tools the deployment tests call: docker-compose (validates compose.yaml) and promtool.
+ci-tools:
+	@if ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    docker-compose prometheus >/dev/null; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache
