@@ -47,3 +47,25 @@ class Drafter(Protocol):
 
     def state_bytes(self, state: Any) -> int:
         """Memory held by one request's state (the prefill cache budgets it)."""
+
+    # The paired prefill cache stores a drafter's context next to the target's KV for the same
+    # prefix. A drafter without these two methods still works; the cache is then off for it,
+    # since reusing the target's KV alone would leave the drafter blind to the prefix.
+
+    def export_prefix(self, state: Any, num_tokens: int) -> Any:
+        """A snapshot (a copy) of what the first `num_tokens` committed tokens determine in `state`.
+
+        `state` may itself be a snapshot (to cut a cached prefix shorter); `num_tokens` never
+        exceeds the tokens the state has observed. The result must not share memory with `state`.
+        """
+
+    def import_prefix(self, sequence: Sequence, snapshot: Any) -> Any:
+        """A fresh state for `sequence` that continues from `snapshot` (which stays untouched).
+
+        The sequence's cache already holds the prefix's target KV; the next `observe` starts
+        right after the prefix. The sequence's tokens after the prefix may be read.
+        """
+
+
+def supports_prefix_reuse(drafter: Drafter | None) -> bool:
+    return drafter is None or (hasattr(drafter, "export_prefix") and hasattr(drafter, "import_prefix"))

@@ -20,7 +20,10 @@ class PromptLookupDrafter:
         return NgramDrafter(self.min_n, self.max_n, self.num_draft, self.max_history)
 
     def observe(self, state: NgramDrafter, committed: TargetStates) -> None:
-        pass  # the index catches up from the sequence's tokens in propose()
+        # Index prefill chunks as they are committed (so a prefix snapshot holds their index);
+        # decode steps are caught up from the sequence's tokens in propose().
+        if committed.start == state.num_seen:
+            state.extend(committed.token_ids)
 
     def propose(self, state: NgramDrafter, sequence: Sequence) -> DraftTree | None:
         tokens = state.propose(sequence.token_ids)
@@ -28,3 +31,13 @@ class PromptLookupDrafter:
 
     def state_bytes(self, state: NgramDrafter) -> int:
         return 64 * (state.num_indexed + min(state.num_seen, state.max_history))  # rough: dict entries + list
+
+    def export_prefix(self, state: NgramDrafter, num_tokens: int) -> NgramDrafter | None:
+        return state.prefix(num_tokens)  # the index is a function of the tokens: rebuild it for the prefix
+
+    def import_prefix(self, sequence: Sequence, snapshot: NgramDrafter | None) -> NgramDrafter:
+        if snapshot is None:
+            return self.start(sequence)
+        copy = snapshot.prefix(snapshot.num_seen)
+        assert copy is not None
+        return copy

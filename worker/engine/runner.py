@@ -7,7 +7,9 @@ and how large a prefill chunk may be. Everything here runs on the owner thread.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 
@@ -35,6 +37,9 @@ class ModelRunner:
         self.max_context = min(max_context or decoder.config.max_position_embeddings,
                                decoder.config.max_position_embeddings)
         self.max_draft_nodes = max_draft_nodes  # scratch slots a verification may need past the context
+        # Called after each decode step with the raw logits rows [num_emitted, vocab] that chose the
+        # emitted tokens (logprobs for the serving side); None costs nothing.
+        self.logits_observer: Callable[[Sequence, torch.Tensor, list[int]], None] | None = None
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         if num_prompt_tokens < 1:
@@ -83,6 +88,8 @@ class ModelRunner:
         sequence.cache.commit(1 + tree.num_nodes, rows)
         committed = [sequence.root_token] + [tree.tokens[node] for node in verdict.accepted_nodes]
         emitted = self._truncate(sequence, verdict.emitted)
+        if self.logits_observer is not None:
+            self.logits_observer(sequence, out.logits[rows[: len(emitted)]], emitted)  # row i chose emitted[i]
         sequence.output_ids.extend(emitted)
         self._observe(sequence, committed, start, out, rows, next_token=verdict.emitted[-1])
         stats = sequence.stats
@@ -90,6 +97,26 @@ class ModelRunner:
         stats.draft_s += drafted - started
         stats.verify_s += time.perf_counter() - drafted
         return emitted
+
+    def attach_prefix(self, sequence: Sequence, keys: torch.Tensor, values: torch.Tensor,
+                      drafter_snapshot: Any) -> None:
+        """Continue a fresh sequence from a cached prefix: the target's K/V for its first n tokens
+        ([layers, kv_heads, n, head_dim] each) and the drafter's snapshot of the same n tokens."""
+        num_tokens = keys.shape[2]
+        assert sequence.cache.length == 0 and 0 < num_tokens < sequence.num_tokens, (num_tokens, sequence.num_tokens)
+        sequence.cache.load_prefix(keys, values)
+        if self.drafter is not None:
+            sequence.drafter_state = self.drafter.import_prefix(sequence, drafter_snapshot)
+
+    def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Copies of the target's K/V for the first `num_tokens` committed tokens, and the drafter's snapshot."""
+        cache = sequence.cache
+        assert 0 < num_tokens <= cache.length, (num_tokens, cache.length)
+        keys = cache.keys[:, :, :num_tokens].clone()  # [layers, kv_heads, n, head_dim]
+        values = cache.values[:, :, :num_tokens].clone()
+        drafter = self.drafter
+        snapshot = drafter.export_prefix(sequence.drafter_state, num_tokens) if drafter is not None else None
+        return keys, values, snapshot
 
     def _propose(self, sequence: Sequence) -> DraftTree:
         if self.drafter is None:

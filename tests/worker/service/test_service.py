@@ -1,0 +1,189 @@
+"""A real worker service over a real Redis with a tiny random model: jobs in, protocol events out."""
+
+from __future__ import annotations
+
+import time
+
+from shared import keys
+from shared.heartbeat import Heartbeat
+from shared.openai_schema import ChatCompletionRequest, CompletionRequest, to_sampling_params
+from shared.protocol import CancelMessage, DeltaEvent, ErrorEvent, FinalEvent
+from tests.worker.service.harness import (
+    MODEL,
+    InProcessWorker,
+    chat_body,
+    completion_body,
+    events_of,
+    queue_is_clean,
+    service_config,
+    submit,
+    text_of,
+    token_ids_of,
+    wait_done,
+    wait_for,
+)
+from worker.engine.generate import generate
+from worker.service import READ_BLOCK_MS
+from worker.serving_model import ServingModel
+
+SYSTEM = "You are a terse assistant. Answer in one short sentence, and never apologise. " * 3
+
+
+def reference(served: ServingModel, body: dict, kind: str = "chat"):
+    """What `arbor generate` produces for the same request: the oracle for every stream."""
+    if kind == "chat":
+        request = ChatCompletionRequest.model_validate(body)
+        prompt_ids = served.encode_chat([m.model_dump(exclude_none=True) for m in request.messages])
+    else:
+        request = CompletionRequest.model_validate(body)
+        prompt_ids = served.encode_text(request.prompt_text())
+    return prompt_ids, generate(served.runner, served.tokenizer, prompt_ids, to_sampling_params(request))
+
+
+def heartbeat_of(client, worker_id: str) -> Heartbeat:
+    return Heartbeat.from_fields(client.hgetall(keys.worker_heartbeat(worker_id)))
+
+
+def test_a_chat_job_streams_exactly_what_generate_produces(redis_server, client, served_ngram):
+    body = chat_body("Hello world, how are you?", max_tokens=20)
+    config = service_config(redis_server.url, speculation="ngram")
+    with InProcessWorker(config, served_ngram):
+        request_id = submit(client, body)
+        events = wait_done(client, request_id)
+        wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
+        num_tokens = len(token_ids_of(events))
+        beat = wait_for(lambda: (b := heartbeat_of(client, config.worker_id)).tokens >= num_tokens and b, 5,
+                        "a beat after the job")
+    prompt_ids, expected = reference(served_ngram, body)
+    assert text_of(events) == expected.text
+    assert token_ids_of(events) == expected.token_ids
+    final = events[-1]
+    assert isinstance(final, FinalEvent) and final.finish_reason == expected.finish_reason
+    assert final.usage.prompt_tokens == len(prompt_ids) and final.usage.completion_tokens == len(expected.token_ids)
+    assert final.stats.speculation == "ngram" and final.stats.target_forwards == expected.stats.target_forwards
+    assert all(e.attempt == 1 and e.id == request_id for e in events)
+    assert beat.ready and beat.model == MODEL and beat.speculation == "ngram"
+    assert beat.tokens >= len(expected.token_ids) and beat.steps > 0 and beat.lanes_total == config.max_lanes
+    assert not client.exists(keys.worker_heartbeat(config.worker_id)), "a clean exit removes the heartbeat"
+
+
+def test_a_completion_with_a_stop_string_and_logprobs(redis_server, client, served_none):
+    probe = completion_body("The quick brown fox", max_tokens=24)
+    full = reference(served_none, probe, "completion")[1].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip(), f"need visible text to stop on, got {full!r}"
+    body = completion_body("The quick brown fox", max_tokens=24, stop=[stop], logprobs=2)
+    with InProcessWorker(service_config(redis_server.url), served_none):
+        events = wait_done(client, submit(client, body, kind="completion"))
+    expected = reference(served_none, body, "completion")[1]
+    assert text_of(events) == expected.text and stop not in text_of(events)
+    assert events[-1].finish_reason == "stop"
+    for delta in (e for e in events if isinstance(e, DeltaEvent)):
+        assert delta.logprobs is not None and len(delta.logprobs) == len(delta.token_ids)
+        assert all(len(entry.top_logprobs) == 2 for entry in delta.logprobs)
+
+
+def test_n_choices_run_as_separate_lanes(redis_server, client, served_none):
+    body = chat_body("Count with me", max_tokens=10, n=2)
+    with InProcessWorker(service_config(redis_server.url), served_none):
+        events = wait_done(client, submit(client, body), num_choices=2)
+    expected = reference(served_none, body)[1].text
+    assert text_of(events, 0) == text_of(events, 1) == expected
+    assert sorted(e.choice for e in events if isinstance(e, FinalEvent)) == [0, 1]
+
+
+def test_a_second_request_with_the_same_system_prompt_hits_the_prefill_cache(redis_server, client, served_ngram):
+    first = chat_body([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}])
+    second = chat_body([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit, please."}])
+    config = service_config(redis_server.url, speculation="ngram")
+    with InProcessWorker(config, served_ngram):
+        wait_done(client, submit(client, first))
+        events = wait_done(client, submit(client, second))
+        wait_for(lambda: heartbeat_of(client, config.worker_id).prefix_cache_hits == 1, 5, "the hit in the heartbeat")
+        beat = heartbeat_of(client, config.worker_id)
+    assert beat.prefix_cache_queries == 2
+    assert events[-1].stats.model_extra["prefix_cache_tokens"] >= 32
+    cold = reference(served_ngram, second)[1]
+    assert text_of(events) == cold.text and token_ids_of(events) == cold.token_ids
+    assert events[-1].stats.accepted_tokens == cold.stats.accepted_tokens  # the drafter lost nothing
+
+
+def test_cancel_mid_generation_frees_the_lane_before_its_next_step(redis_server, client, served_none):
+    with InProcessWorker(service_config(redis_server.url), served_none) as worker:
+        request_id = submit(client, chat_body("Tell me a long story", max_tokens=400))
+        wait_for(lambda: len(events_of(client, request_id)) >= 3, 30, "a few deltas")
+        client.set(keys.cancel_key(request_id), "1", ex=60)
+        client.publish(keys.CONTROL_CHANNEL, CancelMessage(id=request_id).model_dump_json())
+        cancelled_at = len(events_of(client, request_id))
+        events = wait_done(client, request_id, timeout_s=10)
+        wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
+        assert worker.service.capacity.held == 0
+        assert events[-1].finish_reason == "cancelled"
+        assert len(events) - cancelled_at <= 3, "at most the steps already under way"
+        assert len(token_ids_of(events)) < 400
+        after = submit(client, chat_body("Still there?", max_tokens=4))
+        assert isinstance(wait_done(client, after)[-1], FinalEvent)
+
+
+def test_poison_jobs_are_dead_lettered_and_the_worker_keeps_serving(redis_server, client, served_none):
+    stream = keys.request_stream(MODEL)
+    with InProcessWorker(service_config(redis_server.url), served_none):
+        bad_body = submit(client, {"model": MODEL, "messages": "not a list"})
+        client.xadd(stream, {"garbage": "1"})  # not even a job: no id to answer
+        events = wait_done(client, bad_body)
+        good = submit(client, chat_body("Hello", max_tokens=4))
+        assert isinstance(wait_done(client, good)[-1], FinalEvent)
+        letters = wait_for(lambda: len(client.xrange(keys.DEAD_LETTER_STREAM)) == 2, 5, "two dead letters") and \
+            client.xrange(keys.DEAD_LETTER_STREAM)
+    assert [type(e) for e in events] == [ErrorEvent] and events[0].code == "invalid_request"
+    assert "messages" in events[0].message
+    reasons = {fields.get("id", "<none>"): fields["reason"] for _, fields in letters}
+    assert set(reasons) == {bad_body, "<none>"}
+    assert client.xpending(stream, keys.CONSUMER_GROUP)["pending"] == 0
+
+
+def test_a_job_past_its_deadline_and_one_too_long_get_error_events(redis_server, client, served_none):
+    with InProcessWorker(service_config(redis_server.url), served_none):
+        late = submit(client, chat_body("Hi"), deadline_s=-1)
+        too_long = submit(client, chat_body("Hi", max_tokens=600))  # the tiny model's context is 512
+        late_events, long_events = wait_done(client, late), wait_done(client, too_long)
+    assert late_events[0].code == "deadline_exceeded"
+    assert long_events[0].code == "context_length_exceeded" and "max_tokens=600" in long_events[0].message
+
+
+def test_a_worker_drains_on_stop_finishing_its_lanes_and_reading_nothing_new(redis_server, client, served_none):
+    worker = InProcessWorker(service_config(redis_server.url), served_none).__enter__()
+    running = submit(client, chat_body("Keep going", max_tokens=200, ignore_eos=True))
+    wait_for(lambda: events_of(client, running), 30, "the first delta")
+    worker.request_stop()
+    num_before_stop = len(events_of(client, running))
+    wait_for(lambda: worker.service.draining, 5, "draining")
+    time.sleep(READ_BLOCK_MS / 1000 + 0.2)  # a read already under way may still deliver; none after it
+    queued = submit(client, chat_body("Too late", max_tokens=4))
+    worker.stop()
+    events = wait_done(client, running, timeout_s=1)
+    assert len(events) > num_before_stop + 1 and events[-1].finish_reason == "length"
+    assert events_of(client, queued) == []
+    assert client.xpending(keys.request_stream(MODEL), keys.CONSUMER_GROUP)["pending"] == 0
+    assert client.xlen(keys.request_stream(MODEL)) == 1  # the queued job waits for another worker
+
+
+def test_the_reasoning_budget_closes_the_think_tag_in_a_real_stream(redis_server, client, served_none):
+    from worker.chat.template import ChatTemplate
+    from worker.jobs import FORCED_CLOSE
+    from worker.serving_model import ServingModel as Model
+
+    thinking = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
+               "<|im_start|>assistant\n<think>\n"
+    model = Model(served_none.name, "none", served_none.loaded, served_none.runner,
+                  ChatTemplate(thinking, served_none.loaded.checkpoint.special_tokens))
+    body = chat_body("Think briefly", max_tokens=30, reasoning_budget=5, ignore_eos=True)
+    with InProcessWorker(service_config(redis_server.url), model):
+        events = wait_done(client, submit(client, body))
+    close_ids = model.tokenizer.encode(FORCED_CLOSE, add_special_tokens=False).ids
+    token_ids = token_ids_of(events)
+    assert token_ids[5 : 5 + len(close_ids)] == close_ids
+    reasoning = "".join(e.reasoning for e in events if isinstance(e, DeltaEvent))
+    assert reasoning == model.tokenizer.decode(token_ids[:5])
+    assert "</think>" not in text_of(events) and text_of(events).startswith("\n\n")
+    assert events[-1].usage.completion_tokens == 30

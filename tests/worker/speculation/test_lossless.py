@@ -1,0 +1,124 @@
+"""Losslessness: greedy output under every speculation mode equals plain decoding, token for token.
+
+Tiny random Qwen3 and Llama targets in float64 (so a tree forward and a chain forward cannot
+disagree on an argmax through rounding), random drafters in the real formats (MTP inside the
+target checkpoint, DFlash as a separate folder), prompts that include self-repeating ones so
+that n-gram drafts get accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+
+from shared.sampling import SamplingParams
+from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints
+from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.runner import ModelRunner
+from worker.engine.stats import SpecStats
+from worker.models.loader import LoadedModel, load_model
+
+MODES = ("none", "mtp", "dflash", "tree", "ngram")
+FAMILIES = ("qwen3", "llama")
+NUM_PROMPTS = 10  # per family, 64 tokens each; the slow variant runs 40
+PREFILL_CHUNK = 7  # small, so drafters also see prefills arrive in several chunks
+GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
+PENALIZED = SamplingParams(max_tokens=32, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5,
+                           frequency_penalty=0.2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@functools.cache
+def loaded(family: str) -> LoadedModel:
+    return load_model(speculation_checkpoints(family).target, dtype="float64")
+
+
+@functools.cache
+def runner_for(family: str, mode: str) -> ModelRunner:
+    model = loaded(family)
+    options = DraftOptions(draft=speculation_checkpoints(family).dflash if mode in ("dflash", "tree") else None)
+    return ModelRunner(model.decoder, model.checkpoint.eos_token_ids, load_drafter(mode, model, options))
+
+
+def make_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
+    """A third repeat a short pattern, a third are random, a third repeat a random chunk."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        if i % 3 == 0:
+            pattern = [rng.randrange(3, vocab_size) for _ in range(rng.randint(2, 5))]
+            prompts.append((pattern * 12)[: rng.randint(6, 30)])
+        elif i % 3 == 1:
+            prompts.append([rng.randrange(3, vocab_size) for _ in range(rng.randint(1, 40))])
+        else:
+            chunk = [rng.randrange(3, vocab_size) for _ in range(rng.randint(3, 8))]
+            middle = [rng.randrange(3, vocab_size) for _ in range(rng.randint(1, 6))]
+            prompts.append(chunk + middle + chunk)
+    return prompts
+
+
+def decode(runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, stats: SpecStats) -> list[int]:
+    sequence = runner.start("lossless", prompt_ids, params)
+    while sequence.num_to_prefill > 0:
+        runner.prefill(sequence, PREFILL_CHUNK)
+    while not sequence.finished:
+        runner.decode_step(sequence)
+    stats.merge(sequence.stats)
+    return sequence.output_ids
+
+
+@functools.cache
+def outputs(family: str, mode: str, params_name: str, num_prompts: int) -> tuple[list[list[int]], SpecStats]:
+    params = {"greedy": GREEDY, "penalized": PENALIZED}[params_name]
+    prompts = make_prompts(loaded(family).config.vocab_size, num_prompts, seed=FAMILIES.index(family))
+    stats = SpecStats()
+    return [decode(runner_for(family, mode), prompt, params, stats) for prompt in prompts], stats
+
+
+def assert_same_tokens(expected: list[list[int]], got: list[list[int]], mode: str) -> None:
+    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+        first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), None)
+        assert want == have, f"mode {mode}, prompt {index}: first difference at output token {first}"
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_equal_plain_decoding(family, mode):
+    expected, _ = outputs(family, "none", "greedy", NUM_PROMPTS)
+    got, stats = outputs(family, mode, "greedy", NUM_PROMPTS)
+    assert_same_tokens(expected, got, mode)
+    assert stats.draft_tokens > 0, "the drafter never proposed anything: the test would prove nothing"
+    assert stats.generated_tokens == NUM_PROMPTS * GREEDY.max_tokens
+    # Each forward emits its accepted drafts plus one token (the last step may be cut at max_tokens).
+    assert stats.target_forwards <= stats.generated_tokens <= stats.accepted_tokens + stats.target_forwards
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ngram_drafts_are_accepted_on_self_repeating_prompts(family):
+    _, stats = outputs(family, "ngram", "greedy", NUM_PROMPTS)
+    assert stats.accepted_tokens > 0
+    assert stats.tokens_per_forward > 1.0
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_penalties_equals_plain_decoding(family, mode):
+    expected, _ = outputs(family, "none", "penalized", 4)
+    got, _ = outputs(family, mode, "penalized", 4)
+    assert_same_tokens(expected, got, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES[1:])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_equal_plain_decoding_many_prompts(family, mode):
+    expected, _ = outputs(family, "none", "greedy", 40)
+    got, _ = outputs(family, mode, "greedy", 40)
+    assert_same_tokens(expected, got, mode)

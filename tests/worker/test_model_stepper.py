@@ -1,0 +1,126 @@
+"""The scheduler and the paired prefill cache over a real (tiny, random) model and real drafters."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from shared.sampling import SamplingParams
+from tests.support.tiny_drafters import speculation_checkpoints
+from worker.drafters.oracle import OracleDrafter
+from worker.drafters.registry import DraftOptions
+from worker.engine.generate import generate
+from worker.engine.runner import ModelRunner
+from worker.model_stepper import LaneStart, LaneState, ModelStepper
+from worker.prefix_cache import PrefixCache
+from worker.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
+from worker.serving_model import ServingModel, load_serving_model
+
+SYSTEM = "You are a helpful assistant. Speculative decoding drafts tokens and verifies them in one forward pass. " * 2
+
+
+@functools.cache
+def served(mode: str) -> ServingModel:
+    checkpoints = speculation_checkpoints("qwen3")
+    draft = checkpoints.dflash if mode in ("dflash", "tree") else None
+    return load_serving_model(checkpoints.target, mode, DraftOptions(draft=draft))
+
+
+def chat(model: ServingModel, user: str) -> list[int]:
+    return model.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}])
+
+
+def prefill(stepper: ModelStepper, prompt_ids: list[int], params: SamplingParams, chunk: int = 16) -> LaneState:
+    state = stepper.start(LaneStart("lane", prompt_ids, params))
+    while stepper.num_to_prefill(state):
+        stepper.prefill(state, chunk)
+    return state
+
+
+def finish(stepper: ModelStepper, state: LaneState) -> LaneState:
+    while not state.finished:
+        stepper.decode(state)
+    return state
+
+
+def assert_same_drafter_context(mode: str, warm, cold, num_tokens: int) -> None:
+    if mode == "ngram":
+        assert (warm.num_seen, warm.draft()) == (cold.num_seen, cold.draft()) and warm.num_seen == num_tokens
+    elif mode in ("dflash", "tree"):
+        assert warm.cache.length == cold.cache.length == num_tokens
+        torch.testing.assert_close(warm.cache.keys[:, :, :num_tokens], cold.cache.keys[:, :, :num_tokens])
+    elif mode == "mtp":
+        assert warm.cache.length == cold.cache.length == num_tokens
+        torch.testing.assert_close(warm.cache.keys[:, :, :num_tokens], cold.cache.keys[:, :, :num_tokens])
+        torch.testing.assert_close(warm.next_logits, cold.next_logits)
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram", "mtp", "dflash", "tree"])
+def test_a_shared_system_prompt_hits_and_output_and_drafting_equal_a_cold_run(mode):
+    model = served(mode)
+    first, second = chat(model, "What is one plus one?"), chat(model, "Tell me about foxes, please.")
+    params = SamplingParams(max_tokens=24)
+    cold_stepper = ModelStepper(model.runner, None)
+    cold = prefill(cold_stepper, second, params)
+    cache = PrefixCache(1 << 30, block_tokens=8)
+    stepper = ModelStepper(model.runner, cache)
+    finish(stepper, prefill(stepper, first, params))
+    warm = prefill(stepper, second, params)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert warm.prefix_tokens == shared - shared % 8 > 0
+    assert (stepper.counters.prefix_cache_queries, stepper.counters.prefix_cache_hits) == (2, 1)
+    if mode != "none":
+        assert_same_drafter_context(mode, warm.sequence.drafter_state, cold.sequence.drafter_state, len(second) - 1)
+    finish(stepper, warm), finish(cold_stepper, cold)
+    assert warm.output_ids == cold.output_ids
+    assert (warm.stats.drafts, warm.stats.accepted_tokens) == (cold.stats.drafts, cold.stats.accepted_tokens)
+    if mode == "ngram":
+        assert warm.stats.accepted_tokens > 0  # the reused index does real work
+
+
+def test_a_drafter_that_cannot_export_its_context_turns_the_cache_off():
+    model = served("none")
+    runner = ModelRunner(model.runner.decoder, model.loaded.checkpoint.eos_token_ids,
+                         OracleDrafter([0] * 8, depth=2, vocab_size=model.loaded.config.vocab_size))
+    assert ModelStepper(runner, PrefixCache(1 << 20)).prefix_cache is None
+    assert ModelStepper(model.runner, PrefixCache(1 << 20)).prefix_cache is not None
+
+
+def test_two_lanes_interleave_and_a_long_prompt_does_not_stall_the_other():
+    model = served("ngram")
+    short = chat(model, "Hi")
+    long = chat(model, "Please summarise: " + "the quick brown fox jumps over the lazy dog " * 12)
+    params = SamplingParams(max_tokens=12)
+    stepper = ModelStepper(model.runner)
+    scheduler = Scheduler(stepper, SchedulerConfig(max_lanes=2, max_kv_bytes=1 << 40, max_prefill_chunk=32))
+    scheduler.submit(LaneRequest(("short", 0), 1, None, LaneStart("short", short, params)))
+    scheduler.submit(LaneRequest(("long", 0), 1, None, LaneStart("long", long, params)))
+    order, outputs = [], {}
+    while (result := scheduler.step()) is not None:
+        order.append((result.key[0], result.kind))
+        if result.kind is StepKind.DECODE and result.state.finished:
+            outputs[result.key[0]] = list(result.state.output_ids)
+            scheduler.retire(result.key)
+    long_prefills = [i for i, step in enumerate(order) if step == ("long", StepKind.PREFILL)]
+    assert len(long_prefills) >= 4, "the long prompt is prefilled in chunks"
+    between = order[long_prefills[0] : long_prefills[-1]]
+    assert ("short", StepKind.DECODE) in between, "the short lane decodes while the long one prefills"
+    assert all(a[0] != b[0] for a, b in zip(order[:8], order[1:8])), "turns alternate"
+    for name, prompt in (("short", short), ("long", long)):
+        assert outputs[name] == generate(model.runner, model.tokenizer, prompt, params).token_ids
+
+
+def test_logprobs_come_with_every_emitted_token():
+    model = served("ngram")
+    stepper = ModelStepper(model.runner)
+    state = stepper.start(LaneStart("lp", chat(model, "Hi"), SamplingParams(max_tokens=8), num_logprobs=3))
+    while stepper.num_to_prefill(state):
+        stepper.prefill(state, 64)
+    while not state.finished:
+        emitted = stepper.decode(state)
+        assert [entry.token_id for entry in state.logprobs] == emitted
+        for entry in state.logprobs:
+            assert len(entry.top) == 3 and entry.top[0][0] == entry.token_id  # greedy: the top token
+            assert entry.logprob == pytest.approx(entry.top[0][1]) and entry.logprob <= 0.0

@@ -1,0 +1,264 @@
+"""The `dflash` and `tree` speculation modes: a DFlash block-diffusion drafter in the z-lab format.
+
+Checkpoint: config.json (Qwen3-style sizes, `block_size`, `dflash_config.mask_token_id`,
+`dflash_config.target_layer_ids`) and safetensors with `fc.weight` [hidden, len(ids) * hidden],
+`hidden_norm.weight`, `norm.weight`, `layers.N.*` (q/k norms included). The target's embedding
+and lm_head are shared.
+
+How it drafts, following z-lab's model/dflash.py. Target layer L means the output of decoder
+layer L (transformers' hidden_states[L + 1]). For committed tokens at positions p:
+    c_p = hidden_norm(fc(cat[target layer outputs at p]))            one context vector per token
+    every draft layer i attends to K_i = RoPE_p(k_norm(k_proj_i(c_p))), V_i = v_proj_i(c_p)
+Those never depend on the draft layers' inputs, so `observe` computes them once per committed
+token into a per-request cache. A proposal runs one block, for a root at position L:
+    block = [root, mask, mask, ..., mask]  (block_size tokens at positions L .. L + block_size - 1)
+through every layer with non-causal attention over (context K/V + the block's own K/V), then the
+final norm and the target's lm_head; the logits at the mask positions are the drafts for
+positions L + 1 .. L + block_size - 1.
+
+Example, block_size 4, committed a b c (positions 0-2), root d at 3: the block is d M M M at
+positions 3-6; its rows 1-3 give distributions for positions 4, 5, 6. `dflash` drafts their
+argmax as a chain; `tree` hands their top-k logprobs to the best-first tree builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from worker.drafters.base import DrafterError, TargetStates
+from worker.drafters.draft_checkpoint import (
+    DraftCheckpoint,
+    bundled_drafter_path,
+    load_weights,
+    read_draft_checkpoint,
+)
+from worker.engine.sequence import Sequence
+from worker.models.checkpoint import CheckpointError
+from worker.models.config import ModelConfig
+from worker.models.decoder import MLP, Attention, RMSNorm, grouped_attention
+from worker.models.kv_cache import KVCache
+from worker.models.rope import RotaryEmbedding, apply_rotary
+from worker.speculation.tree import DraftTree, build_best_first_tree
+
+if TYPE_CHECKING:
+    from worker.drafters.registry import DraftOptions
+    from worker.models.loader import LoadedModel
+
+
+@dataclass(slots=True, frozen=True)
+class DFlashSpec:
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+
+
+class DFlashLayer(nn.Module):
+    """A Qwen3 decoder layer whose attention also sees precomputed context K/V."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (normed, rotated) and V of x: [kv_heads, T, head_dim] each."""
+        attn = self.self_attn
+        num_tokens = x.shape[0]
+        k = attn.k_norm(attn.k_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim))
+        v = attn.v_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)
+        return apply_rotary(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_keys: torch.Tensor,
+                layer_values: torch.Tensor, start: int) -> torch.Tensor:
+        """The block x [T, hidden] at positions start.., attending to cached slots [0, start) and itself."""
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        num_tokens = h.shape[0]
+        q = attn.q_norm(attn.q_proj(h).view(num_tokens, attn.num_heads, attn.head_dim))
+        q = apply_rotary(q.transpose(0, 1), cos, sin)  # [heads, T, head_dim]
+        end = start + num_tokens
+        layer_keys[:, start:end], layer_values[:, start:end] = self.keys_values(h, cos, sin)
+        # No mask: the block sees the whole context and all of itself.
+        out = grouped_attention(q, layer_keys[:, :end], layer_values[:, :end], None)  # [heads, T, head_dim]
+        x = x + attn.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModel(nn.Module):
+    """The drafter's own tensors (names as in the checkpoint)."""
+
+    def __init__(self, config: ModelConfig, num_target_layers: int):
+        super().__init__()
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.fc = nn.Linear(num_target_layers * size, size, bias=False)
+        self.hidden_norm = RMSNorm(size, eps)
+        self.norm = RMSNorm(size, eps)
+
+
+@dataclass(slots=True)
+class DFlashState:
+    cache: KVCache  # per draft layer: context K/V in [0, length), block scratch after it
+
+
+class DFlashDrafter:
+    hidden_layers: tuple[int, ...]
+    wants_final_hidden = False
+
+    def __init__(self, model: DFlashModel, config: ModelConfig, spec: DFlashSpec, embed_tokens: nn.Embedding,
+                 lm_head: nn.Linear, num_draft: int, tree_budget: int | None = None, tree_top_k: int = 4):
+        self.model, self.config, self.spec = model, config, spec
+        self.embed_tokens, self.lm_head = embed_tokens, lm_head
+        self.hidden_layers = spec.target_layer_ids
+        self.num_draft = min(num_draft, spec.block_size - 1)
+        self.tree_budget, self.tree_top_k = tree_budget, tree_top_k
+        self.name = "tree" if tree_budget is not None else "dflash"
+        weight = lm_head.weight
+        self.rotary = RotaryEmbedding(config, weight.dtype, weight.device)
+
+    def start(self, sequence: Sequence) -> DFlashState:
+        weight = self.lm_head.weight
+        capacity = sequence.cache.max_tokens + self.spec.block_size
+        return DFlashState(KVCache(self.config, capacity, weight.dtype, weight.device))
+
+    @torch.inference_mode()
+    def observe(self, state: DFlashState, committed: TargetStates) -> None:
+        """Context K/V for the committed tokens, written at their positions in every draft layer."""
+        cache = state.cache
+        assert committed.start == cache.length, (committed.start, cache.length)
+        features = torch.cat([committed.hidden[layer] for layer in self.spec.target_layer_ids], dim=-1)
+        context = self.model.hidden_norm(self.model.fc(features))  # [n, hidden]
+        start, end = committed.start, committed.start + context.shape[0]
+        cos, sin = self.rotary(torch.arange(start, end, device=context.device))
+        for index, layer in enumerate(self.model.layers):
+            cache.keys[index][:, start:end], cache.values[index][:, start:end] = layer.keys_values(context, cos, sin)
+        cache.commit(end - start)
+
+    @torch.inference_mode()
+    def propose(self, state: DFlashState, sequence: Sequence) -> DraftTree | None:
+        logits = self.block_logits(state, sequence.root_token)  # [block_size - 1, vocab]
+        if self.tree_budget is None:
+            return DraftTree.chain(logits[: self.num_draft].argmax(dim=-1).tolist())
+        return build_best_first_tree(self._candidates(logits), self.tree_budget)
+
+    def block_logits(self, state: DFlashState, root_token: int) -> torch.Tensor:
+        """Draft logits [block_size - 1, vocab] for the positions after the root."""
+        cache, spec = state.cache, self.spec
+        start = cache.length
+        device = self.lm_head.weight.device
+        token_ids = torch.full((spec.block_size,), spec.mask_token_id, device=device)
+        token_ids[0] = root_token
+        cos, sin = self.rotary(torch.arange(start, start + spec.block_size, device=device))
+        x = self.embed_tokens(token_ids)  # [block_size, hidden]
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache.keys[index], cache.values[index], start)
+        return self.lm_head(self.model.norm(x[1:]))
+
+    def _candidates(self, logits: torch.Tensor) -> list[list[tuple[int, float]]]:
+        """Per depth, the top-k (token, logprob) pairs, best first."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [depth, vocab]
+        top = torch.topk(logprobs, min(self.tree_top_k, logprobs.shape[-1]), dim=-1)
+        return [
+            [(token, min(logprob, 0.0)) for token, logprob in zip(ids, values)]
+            for ids, values in zip(top.indices.tolist(), top.values.tolist())
+        ]
+
+    def state_bytes(self, state: DFlashState) -> int:
+        return state.cache.num_bytes
+
+    # The context K/V at position p depends on the target's hidden states at p alone, so a prefix
+    # of N tokens determines exactly the first N context slots: a snapshot is those, copied.
+
+    def export_prefix(self, state: DFlashState, num_tokens: int) -> DFlashState:
+        cache = state.cache
+        assert 0 < num_tokens <= cache.length, (num_tokens, cache.length)
+        snapshot = DFlashState(KVCache(self.config, num_tokens, cache.keys.dtype, cache.keys.device))
+        snapshot.cache.load_prefix(cache.keys[:, :, :num_tokens], cache.values[:, :, :num_tokens])
+        return snapshot
+
+    def import_prefix(self, sequence: Sequence, snapshot: DFlashState) -> DFlashState:
+        state = self.start(sequence)
+        num_tokens = snapshot.cache.length
+        state.cache.load_prefix(snapshot.cache.keys[:, :, :num_tokens], snapshot.cache.values[:, :, :num_tokens])
+        return state
+
+
+def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -> DFlashDrafter:
+    mode = "tree" if tree else "dflash"
+    checkpoint = read_draft_checkpoint(_find_dflash_path(model, options, mode))
+    target = model.config
+    spec = parse_dflash_spec(checkpoint, target)
+    config = _draft_model_config(checkpoint, target)
+    decoder = model.decoder
+    with torch.device("meta"):
+        drafter_model = DFlashModel(config, len(spec.target_layer_ids))
+    load_weights(drafter_model, checkpoint.tensors, "", checkpoint.source, decoder.dtype, decoder.device)
+    drafter_model.requires_grad_(False)
+    return DFlashDrafter(
+        drafter_model, config, spec, decoder.model.embed_tokens, decoder.lm_head,
+        num_draft=options.num_draft or spec.block_size - 1,
+        tree_budget=options.tree_budget if tree else None, tree_top_k=options.tree_top_k,
+    )
+
+
+def _find_dflash_path(model: LoadedModel, options: DraftOptions, mode: str) -> Path:
+    if options.draft is not None:
+        return options.draft
+    bundled = bundled_drafter_path(model.name, "dflash")
+    if bundled is not None:
+        return bundled
+    raise DrafterError(
+        f"speculation mode {mode!r} needs a DFlash drafter and none is bundled for model {model.name}: pass "
+        f"--draft PATH (a folder with config.json + model.safetensors in the z-lab DFlash format) "
+        f"or choose another --speculation mode (ngram needs no drafter)"
+    )
+
+
+def parse_dflash_spec(checkpoint: DraftCheckpoint, target: ModelConfig) -> DFlashSpec:
+    """The DFlash fields of config.json, checked against the target."""
+    config, source = checkpoint.config, checkpoint.source
+    dflash = config.get("dflash_config")
+    if not isinstance(dflash, dict):
+        raise DrafterError(f"{source}: config.json has no dflash_config object: not a DFlash drafter (z-lab format)")
+    block_size = dflash.get("block_size", config.get("block_size"))
+    if not isinstance(block_size, int) or block_size < 2:
+        raise DrafterError(f"{source}: block_size={block_size!r} must be an integer >= 2")
+    mask_token_id = dflash.get("mask_token_id")
+    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.vocab_size:
+        raise DrafterError(f"{source}: dflash_config.mask_token_id={mask_token_id!r} must be a token id "
+                           f"below the target's vocab_size={target.vocab_size}")
+    return DFlashSpec(block_size, mask_token_id, _target_layer_ids(dflash, target, source))
+
+
+def _target_layer_ids(dflash: dict, target: ModelConfig, source: str) -> tuple[int, ...]:
+    ids = dflash.get("target_layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise DrafterError(f"{source}: dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer indices")
+    bad = [i for i in ids if not 0 <= i < target.num_hidden_layers]
+    if bad:
+        raise DrafterError(f"{source}: dflash_config.target_layer_ids has {bad[0]}, outside the target's "
+                           f"{target.num_hidden_layers} layers (0..{target.num_hidden_layers - 1})")
+    return tuple(ids)
+
+
+def _draft_model_config(checkpoint: DraftCheckpoint, target: ModelConfig) -> ModelConfig:
+    raw, source = checkpoint.config, checkpoint.source
+    if raw.get("hidden_size") != target.hidden_size:
+        raise DrafterError(f"{source}: hidden_size={raw.get('hidden_size')!r} does not match the target's "
+                           f"hidden_size={target.hidden_size}")
+    layer_types = set(raw.get("layer_types") or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise DrafterError(f"{source}: layer_types={sorted(layer_types)} is not supported (only full_attention)")
+    # Qwen3-style whatever model_type says: DFlash layers always carry q/k norms.
+    qwen3 = {**raw, "model_type": "qwen3", "vocab_size": target.vocab_size}
+    try:
+        return ModelConfig.from_hf(qwen3)
+    except CheckpointError as error:
+        raise DrafterError(f"{source}: {error}") from error

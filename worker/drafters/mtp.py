@@ -1,0 +1,236 @@
+"""The `mtp` speculation mode: a multi-token-prediction head in the Qwen3-Next / Qwen3.5 format.
+
+Tensors (names as in those checkpoints; embedding and lm_head are the target's):
+    mtp.fc.weight                   [hidden, 2 * hidden]
+    mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.norm.weight   [hidden]
+    mtp.layers.0.*                  one decoder layer shaped like a target layer (q/k norms for qwen3)
+
+One step, as vLLM's qwen3_next_mtp runs it: for a target hidden state h_t (which predicted x_{t+1})
+and the token x_{t+1},
+    z = fc(cat[pre_fc_norm_embedding(embed(x_{t+1})), pre_fc_norm_hidden(h_t)])
+    g = norm(layer(z))  at position t, with the head's own KV cache
+    lm_head(g) predicts x_{t+2}
+and drafting further reuses the same layer with g in place of h (vLLM feeds back the normed output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from worker.drafters.base import DrafterError, TargetStates
+from worker.drafters.draft_checkpoint import (
+    DraftCheckpoint,
+    bundled_drafter_path,
+    load_weights,
+    read_draft_checkpoint,
+)
+from worker.engine.sequence import Sequence
+from worker.models.config import ModelConfig
+from worker.models.decoder import DecoderLayer, RMSNorm
+from worker.models.kv_cache import KVCache
+from worker.models.rope import RotaryEmbedding
+from worker.speculation.tree import DraftTree
+
+if TYPE_CHECKING:
+    from worker.drafters.registry import DraftOptions
+    from worker.models.loader import LoadedModel
+
+MTP_PREFIX = "mtp."
+DEFAULT_NUM_DRAFT = 3
+HIDDEN_SOURCES = ("post_norm", "pre_norm")
+# Which target hidden state the head is conditioned on: "post_norm" is the last layer's output
+# after the final norm (what vLLM hands Qwen3-Next's MTP, and transformers' hidden_states[-1]);
+# "pre_norm" is the raw output of the last decoder layer. A head trained on the other convention
+# says so with "mtp_hidden" in its config.json (or the target's, for an embedded head).
+MTP_HIDDEN_BY_FAMILY: dict[str, str] = {
+    "qwen3": "post_norm",
+    "qwen2": "post_norm",
+    "llama": "post_norm",
+    "mistral": "post_norm",
+}
+
+
+class MtpHead(nn.Module):
+    """The `mtp.*` tensors as a module (parameter names without the prefix)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = nn.Linear(2 * size, size, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(size, eps)
+        self.pre_fc_norm_hidden = RMSNorm(size, eps)
+        self.layers = nn.ModuleList([DecoderLayer(config)])
+        self.norm = RMSNorm(size, eps)
+
+
+@dataclass(slots=True)
+class MtpState:
+    cache: KVCache  # one layer; slot t holds the pair (h_t, x_{t+1}) for every committed t
+    target_hidden: torch.Tensor  # [max_tokens, hidden]: h_t for every committed t (prefix snapshots need it)
+    next_hidden: torch.Tensor | None = None  # [hidden] normed head output for the last pair: step 1's g
+    next_logits: torch.Tensor | None = None  # [vocab] its prediction of the token after the root
+    num_observed: int = 0  # committed tokens whose h_t is in target_hidden
+
+
+class MtpDrafter:
+    name = "mtp"
+
+    def __init__(self, head: MtpHead, target_config: ModelConfig, embed_tokens: nn.Embedding,
+                 lm_head: nn.Linear, hidden_source: str, num_draft: int = DEFAULT_NUM_DRAFT):
+        assert hidden_source in HIDDEN_SOURCES, hidden_source
+        self.head, self.embed_tokens, self.lm_head = head, embed_tokens, lm_head
+        self.hidden_source, self.num_draft = hidden_source, num_draft
+        self.cache_config = dataclasses.replace(target_config, num_hidden_layers=1)
+        last_layer = target_config.num_hidden_layers - 1
+        self.hidden_layers: tuple[int, ...] = (last_layer,) if hidden_source == "pre_norm" else ()
+        self.wants_final_hidden = hidden_source == "post_norm"
+        weight = lm_head.weight
+        self.rotary = RotaryEmbedding(target_config, weight.dtype, weight.device)
+
+    def start(self, sequence: Sequence) -> MtpState:
+        weight = self.lm_head.weight
+        max_tokens = sequence.cache.max_tokens
+        hidden = torch.empty(max_tokens, self.cache_config.hidden_size, dtype=weight.dtype, device=weight.device)
+        return MtpState(KVCache(self.cache_config, max_tokens, weight.dtype, weight.device), hidden)
+
+    @torch.inference_mode()
+    def observe(self, state: MtpState, committed: TargetStates) -> None:
+        """Commit the pairs (h_t, x_{t+1}) for the committed tokens; the last pair pairs with the new root."""
+        assert committed.start == state.cache.length, (committed.start, state.cache.length)
+        hidden = self._target_hidden(committed)  # [n, hidden]
+        next_ids = committed.token_ids[1:] + [committed.next_token]
+        out = self._run(state.cache, torch.tensor(next_ids, device=hidden.device), hidden, committed.start)
+        state.cache.commit(len(next_ids))
+        state.target_hidden[committed.start : committed.start + len(next_ids)] = hidden
+        state.num_observed = committed.start + len(next_ids)
+        state.next_hidden = out[-1]
+        state.next_logits = self.lm_head(out[-1])
+
+    @torch.inference_mode()
+    def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
+        """Chain num_draft steps; steps after the first write scratch slots past the committed length."""
+        if state.next_logits is None:  # nothing committed yet (a one-token prompt)
+            return None
+        tokens = [int(state.next_logits.argmax())]
+        hidden = state.next_hidden
+        position = state.cache.length
+        device = hidden.device
+        for _ in range(self.num_draft - 1):
+            out = self._run(state.cache, torch.tensor([tokens[-1]], device=device), hidden[None], position)
+            hidden = out[0]
+            tokens.append(int(self.lm_head(hidden).argmax()))
+            position += 1
+        return DraftTree.chain(tokens)
+
+    def state_bytes(self, state: MtpState) -> int:
+        hidden = state.target_hidden
+        return state.cache.num_bytes + hidden.numel() * hidden.element_size()
+
+    # A prefix of N tokens determines the pairs (h_t, x_{t+1}) for t < N-1 and h_{N-1}, but not
+    # the last pair: x_N lies past the prefix. So a snapshot keeps pairs [0, N-1) plus the target
+    # hidden states h_0..h_{N-1} (the latter also let a snapshot be cut shorter), and importing
+    # runs the head over (h_{N-1}, x_N) with x_N read from the new sequence, as observe would.
+
+    def export_prefix(self, state: MtpState, num_tokens: int) -> MtpState:
+        assert 0 < num_tokens <= state.num_observed, (num_tokens, state.num_observed)
+        weight = self.lm_head.weight
+        num_pairs = num_tokens - 1
+        snapshot = MtpState(KVCache(self.cache_config, max(num_pairs, 1), weight.dtype, weight.device),
+                            state.target_hidden[:num_tokens].clone(), num_observed=num_tokens)
+        snapshot.cache.load_prefix(state.cache.keys[:, :, :num_pairs], state.cache.values[:, :, :num_pairs])
+        return snapshot
+
+    @torch.inference_mode()
+    def import_prefix(self, sequence: Sequence, snapshot: MtpState) -> MtpState:
+        state = self.start(sequence)
+        num_tokens = snapshot.num_observed
+        num_pairs = num_tokens - 1
+        state.cache.load_prefix(snapshot.cache.keys[:, :, :num_pairs], snapshot.cache.values[:, :, :num_pairs])
+        state.target_hidden[:num_tokens] = snapshot.target_hidden[:num_tokens]
+        state.num_observed = num_tokens
+        last_hidden = snapshot.target_hidden[num_pairs:num_tokens]  # [1, hidden]: h_{N-1}
+        token_ids = torch.tensor([sequence.token_ids[num_tokens]], device=last_hidden.device)  # x_N
+        out = self._run(state.cache, token_ids, last_hidden, num_pairs)
+        state.cache.commit(1)
+        state.next_hidden = out[-1]
+        state.next_logits = self.lm_head(out[-1])
+        return state
+
+    def _target_hidden(self, committed: TargetStates) -> torch.Tensor:
+        if self.hidden_source == "post_norm":
+            assert committed.final_hidden is not None, "the runner must pass final_hidden to the MTP drafter"
+            return committed.final_hidden
+        return committed.hidden[self.hidden_layers[0]]
+
+    def _run(self, cache: KVCache, token_ids: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:
+        """The head over T pairs at positions [start, start+T); K/V written to those (uncommitted) slots."""
+        head = self.head
+        embedded = head.pre_fc_norm_embedding(self.embed_tokens(token_ids))  # [T, hidden]
+        x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [T, hidden]
+        num_tokens = token_ids.shape[0]
+        cos, sin = self.rotary(torch.arange(start, start + num_tokens, device=x.device))
+        mask = _causal_mask(start, num_tokens, x.device)
+        x = head.layers[0](x, cos, sin, cache.keys[0], cache.values[0], start, mask)
+        return head.norm(x)  # [T, hidden]
+
+
+def _causal_mask(start: int, num_tokens: int, device: torch.device) -> torch.Tensor | None:
+    """[T, start + T] bool for T new tokens after `start` cached ones, as the decoder builds it."""
+    if num_tokens == 1:
+        return None
+    new = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
+    prefix = torch.ones(num_tokens, start, dtype=torch.bool, device=device)
+    return torch.cat((prefix, new), dim=1)
+
+
+def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
+    """The MTP head for `model` (a LoadedModel): from --draft, else the target checkpoint, else bundled."""
+    checkpoint = _find_mtp_checkpoint(model, options.draft)
+    config = model.config
+    _check_hidden_size(checkpoint, config)
+    decoder = model.decoder
+    with torch.device("meta"):
+        head = MtpHead(config)
+    load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
+    head.requires_grad_(False)
+    source = _hidden_source(checkpoint, config)
+    return MtpDrafter(head, config, decoder.model.embed_tokens, decoder.lm_head, source,
+                      options.num_draft or DEFAULT_NUM_DRAFT)
+
+
+def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpoint:
+    # An explicit --draft wins over a head inside the target checkpoint: the user asked for it.
+    if draft is not None:
+        return read_draft_checkpoint(draft, allow_bare_file=True)
+    embedded = {name: t for name, t in model.extra_tensors.items() if name.startswith(MTP_PREFIX)}
+    if embedded:
+        return DraftCheckpoint(model.checkpoint.config, embedded, model.checkpoint.source or model.name)
+    bundled = bundled_drafter_path(model.name, "mtp")
+    if bundled is not None:
+        return read_draft_checkpoint(bundled, allow_bare_file=True)
+    raise DrafterError(
+        f"speculation mode 'mtp' needs an MTP head, and model {model.name} has no mtp.* tensors: pass "
+        f"--draft PATH (a folder with config.json + model.safetensors, or a .safetensors file, holding "
+        f"mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*, mtp.norm) "
+        f"or choose another --speculation mode (ngram needs no drafter)"
+    )
+
+
+def _check_hidden_size(checkpoint: DraftCheckpoint, config: ModelConfig) -> None:
+    size = checkpoint.config.get("hidden_size")
+    if size is not None and size != config.hidden_size:
+        raise DrafterError(f"{checkpoint.source}: hidden_size={size} does not match the target's "
+                           f"hidden_size={config.hidden_size}")
+
+
+def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig) -> str:
+    source = checkpoint.config.get("mtp_hidden", MTP_HIDDEN_BY_FAMILY.get(config.model_type, "post_norm"))
+    if source not in HIDDEN_SOURCES:
+        raise DrafterError(f"{checkpoint.source}: mtp_hidden={source!r} must be one of {', '.join(HIDDEN_SOURCES)}")
+    return source

@@ -1,0 +1,68 @@
+"""The worker's heartbeat: counters kept by the owner thread, written to Redis by the asyncio side.
+
+Each beat, in one transaction: the whole `Heartbeat` hash with its TTL, and this worker's id in
+`WORKERS_SET`. In the same beat the worker touches the idle time of every stream entry it holds,
+so an entry idle longer than the heartbeat TTL belongs to a worker that stopped beating: that
+is what lets the reclaimer's XAUTOCLAIM (min idle = TTL) take only dead workers' jobs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.heartbeat import Heartbeat
+
+
+@dataclass(slots=True)
+class WorkerCounters:
+    """Totals since start-up. Written by the owner thread only; read (racily, harmlessly) by beats."""
+
+    steps: int = 0
+    tokens: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerIdentity:
+    worker_id: str
+    model: str  # served model name
+    speculation: str
+    lanes_total: int
+    max_context: int
+    started_at: float
+
+
+def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, lanes_busy: int) -> Heartbeat:
+    return Heartbeat(
+        worker_id=identity.worker_id, model=identity.model, speculation=identity.speculation, ready=ready,
+        lanes_total=identity.lanes_total, lanes_busy=lanes_busy, max_context=identity.max_context,
+        steps=counters.steps, tokens=counters.tokens, drafts=counters.drafts,
+        draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted_tokens,
+        prefix_cache_hits=counters.prefix_cache_hits, prefix_cache_queries=counters.prefix_cache_queries,
+        started_at=identity.started_at, beat_at=time.time(),
+    )
+
+
+async def beat(redis: Redis, beat_fields: Heartbeat, ttl_s: float) -> None:
+    key = keys.worker_heartbeat(beat_fields.worker_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=beat_fields.to_fields())
+        pipe.pexpire(key, int(ttl_s * 1000))
+        pipe.sadd(keys.WORKERS_SET, beat_fields.worker_id)
+        await pipe.execute()
+
+
+async def retire(redis: Redis, worker_id: str) -> None:
+    """A clean exit: the heartbeat goes at once (jobs left unfinished are reclaimed once idle for a TTL)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.worker_heartbeat(worker_id))
+        pipe.srem(keys.WORKERS_SET, worker_id)
+        await pipe.execute()

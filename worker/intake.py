@@ -1,0 +1,95 @@
+"""Stream entries -> running jobs, or -> an error event (and maybe a dead letter) when they cannot run.
+
+For each entry read or reclaimed: parse it (malformed: poison), take over its job state (which
+also says which delivery this is), then refuse it if it was delivered too often (dead letter),
+passed its deadline, or was cancelled before it started; otherwise prepare it (template,
+tokenizer, sampling; off the event loop) and hand it to the owner thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared import keys
+from shared.protocol import ErrorCode, ErrorEvent, Job, JobState
+from worker.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
+from worker.redis_io import JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
+from worker.serving_model import ServingModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Intake:
+    io: RedisIO
+    stream: str
+    max_attempts: int
+    max_lanes: int
+    hand_over: Callable[[JobSpec, JobRef], None]  # to the owner thread
+    served: ServingModel | None = None  # set once the model is loaded
+
+    async def accept(self, entry_id: str, fields: dict[str, str]) -> None:
+        try:
+            job = parse_job(fields)
+        except PoisonJob as error:
+            await self._poison(entry_id, fields, error)
+            return
+        claimed = await self.io.claim(self.stream, entry_id, job.id)
+        if claimed is None:
+            return  # taken by another worker between read and claim
+        attempt, state = claimed
+        ref = JobRef(job.id, self.stream, entry_id, attempt)
+        if attempt > self.max_attempts:
+            message = f"request {job.id} was given up after {attempt - 1} deliveries"
+            await self._end_with_error(ref, state, ErrorCode.DEAD_LETTER, message, dead_letter=fields)
+        elif time.time() > job.deadline:
+            message = f"request {job.id} passed its deadline before it started"
+            await self._end_with_error(ref, state, ErrorCode.DEADLINE_EXCEEDED, message)
+        elif await self.io.redis.exists(keys.cancel_key(job.id)):
+            await self.io.complete(ref)  # the client left before we started
+        else:
+            await self._prepare(job, ref, state, fields)
+
+    async def _prepare(self, job: Job, ref: JobRef, state: JobState, fields: dict[str, str]) -> None:
+        assert self.served is not None
+        try:
+            spec = await asyncio.to_thread(build_spec, job, ref.entry_id, ref.attempt, state, self.served,
+                                           self.max_lanes)
+        except PoisonJob as error:
+            await self._end_with_error(ref, state, error.code, str(error), dead_letter=fields)
+            return
+        except JobRejected as error:
+            await self._end_with_error(ref, state, error.code, str(error))
+            return
+        except Exception as error:  # e.g. a tokenizer failure: this job fails, the worker goes on
+            log.exception("preparing job %s failed", job.id)
+            message = f"{type(error).__name__}: {error}"
+            await self._end_with_error(ref, state, ErrorCode.INTERNAL_ERROR, message, dead_letter=fields)
+            return
+        self.hand_over(spec, ref)
+
+    async def _end_with_error(self, ref: JobRef, state: JobState, code: str, message: str,
+                              dead_letter: dict[str, str] | None = None) -> None:
+        event = ErrorEvent(id=ref.request_id, attempt=ref.attempt, seq=state.next_seq, message=message, code=code)
+        publication = Publication(ref, event, state.emitted_token_ids, state.finished_choices)
+        if (await self.io.publish([publication]))[0] is PublishResult.FENCED:
+            return
+        letter = None
+        if dead_letter is not None:
+            letter = dead_letter_fields(dead_letter, ref.stream, ref.entry_id, message, self.io.worker_id)
+        await self.io.complete(ref, letter)
+        log.warning("job %s ended with %s: %s", ref.request_id, code, message)
+
+    async def _poison(self, entry_id: str, fields: dict[str, str], error: PoisonJob) -> None:
+        log.warning("poison entry %s: %s", entry_id, error)
+        if error.request_id is not None:
+            claimed = await self.io.claim(self.stream, entry_id, error.request_id)
+            if claimed is not None:
+                ref = JobRef(error.request_id, self.stream, entry_id, claimed[0])
+                await self._end_with_error(ref, claimed[1], error.code, str(error), dead_letter=fields)
+                return
+        await self.io.dead_letter_unowned(self.stream, entry_id, fields, str(error))

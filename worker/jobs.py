@@ -1,0 +1,178 @@
+"""A stream entry -> a `JobSpec` the owner thread can run: validated body, prompt ids, sampling, output.
+
+Three ways a job fails before it runs, each a named exception carrying its `ErrorEvent` code:
+  - `PoisonJob`: the entry or its body is malformed. It can never succeed, on any worker: error
+    event (when the entry has an id to send it to) and a dead letter.
+  - `JobRejected`: well formed, but this request cannot be served (a template that refuses the
+    messages, prompt + max_tokens over the context): error event, acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from shared.openai_schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, to_sampling_params
+from shared.protocol import ErrorCode, Job, JobState
+from shared.sampling import SamplingParams
+from worker.chat.template import ChatTemplateError, flatten_text_parts
+from worker.engine.runner import ContextLengthError
+from worker.lane_output import OutputOptions, ReasoningOptions
+from worker.serving_model import ServingModel
+
+THINK_START, THINK_END = "<think>", "</think>"
+FORCED_CLOSE = "\n" + THINK_END + "\n\n"  # what a spent reasoning budget appends
+_NUM_TAIL_IDS = 8  # prompt ids decoded to see whether the template opened the think tag
+# Set by the worker itself; a request's chat_template_kwargs cannot override them.
+_RESERVED_TEMPLATE_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
+class PoisonJob(ValueError):
+    """A malformed entry or body: dead-lettered at once. `request_id` is None if even that is unreadable."""
+
+    def __init__(self, message: str, request_id: str | None):
+        super().__init__(message)
+        self.request_id = request_id
+        self.code = ErrorCode.INVALID_REQUEST
+
+
+class JobRejected(ValueError):
+    """A valid request this worker cannot serve; `code` is its ErrorEvent code."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class JobSpec:
+    request_id: str
+    entry_id: str
+    attempt: int
+    kind: str
+    created: float
+    deadline: float
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    output: OutputOptions
+    resume: JobState  # emitted tokens, finished choices and next seq (all empty for a first attempt)
+    picked_at: float = field(default_factory=time.time)
+
+    def resumed_ids(self, choice: int) -> list[int]:
+        emitted = self.resume.emitted_token_ids
+        return list(emitted[choice]) if choice < len(emitted) else []
+
+
+def parse_job(fields: dict[str, str]) -> Job:
+    try:
+        return Job.from_fields(fields)
+    except ValidationError as error:
+        raise PoisonJob(f"malformed job entry: {_first_error(error)}", _str_or_none(fields.get("id"))) from error
+
+
+def parse_request(job: Job) -> GenerationRequest:
+    model = ChatCompletionRequest if job.kind == "chat" else CompletionRequest
+    try:
+        return model.model_validate_json(job.body)
+    except (ValidationError, ValueError) as error:
+        raise PoisonJob(f"malformed {job.kind} request body: {_first_error(error)}", job.id) from error
+
+
+def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: ServingModel,
+               max_lanes: int) -> JobSpec:
+    request = parse_request(job)
+    if request.n > max_lanes:
+        raise JobRejected(f"n={request.n} exceeds this worker's {max_lanes} lanes", ErrorCode.INVALID_REQUEST)
+    prompt_ids = encode_prompt(request, served)
+    runner = served.runner
+    max_tokens = request.requested_max_tokens() or max(runner.max_context - len(prompt_ids), 1)
+    params = to_sampling_params(request, default_max_tokens=max_tokens)
+    try:
+        runner.check_fits(len(prompt_ids), params.max_tokens)
+    except ContextLengthError as error:
+        raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
+    return JobSpec(job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params,
+                   request.n, output_options(request, served, prompt_ids, params), resume)
+
+
+def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]:
+    if isinstance(request, CompletionRequest):
+        return served.encode_text(request.prompt_text())
+    tools = _tools(request)
+    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+    try:
+        return served.encode_chat(_messages(request), tools, **kwargs)
+    except ChatTemplateError as error:
+        raise JobRejected(str(error), ErrorCode.INVALID_REQUEST) from error
+
+
+def output_options(request: GenerationRequest, served: ServingModel, prompt_ids: list[int],
+                   params: SamplingParams) -> OutputOptions:
+    if isinstance(request, CompletionRequest):
+        return OutputOptions(stop=tuple(params.stop), num_logprobs=request.logprobs)
+    num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return OutputOptions(stop=tuple(params.stop), reasoning=_reasoning(request, served, prompt_ids),
+                         parse_tool_calls=_tools(request) is not None, num_logprobs=num_logprobs)
+
+
+def _reasoning(request: ChatCompletionRequest, served: ServingModel, prompt_ids: list[int]) -> ReasoningOptions | None:
+    budget = request.reasoning_budget_tokens()
+    template = served.template.source if served.template is not None else ""
+    if THINK_START not in template and budget is None:
+        return None
+    tokenizer = served.tokenizer
+    tail = tokenizer.decode(prompt_ids[-_NUM_TAIL_IDS:], skip_special_tokens=False)
+    close_ids = tuple(tokenizer.encode(FORCED_CLOSE, add_special_tokens=False).ids)
+    return ReasoningOptions(THINK_START, THINK_END, tail.rstrip().endswith(THINK_START), budget, close_ids)
+
+
+def _messages(request: ChatCompletionRequest) -> list[dict]:
+    messages = flatten_text_parts([message.model_dump(exclude_none=True) for message in request.messages])
+    # `content: null` (an assistant turn that only calls tools) becomes "", as vLLM hands it to
+    # string-content templates, which read `message.content` unguarded.
+    return [_parse_tool_call_arguments({"content": "", **message}) for message in messages]
+
+
+def _parse_tool_call_arguments(message: dict) -> dict:
+    # Templates expect a tool call's arguments as a mapping (`arguments | tojson`, `arguments.items()`);
+    # OpenAI clients send them as JSON text. As vLLM does, hand templates the parsed object.
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    parsed = []
+    for call in calls:
+        function = dict(call["function"])
+        function["arguments"] = _json_object_or_text(function.get("arguments", ""))
+        parsed.append({**call, "function": function})
+    return {**message, "tool_calls": parsed}
+
+
+def _json_object_or_text(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _tools(request: ChatCompletionRequest) -> list[dict] | None:
+    if not request.tools or request.tool_choice == "none":
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in request.tools]
+
+
+def _first_error(error: ValidationError | ValueError) -> str:
+    if isinstance(error, ValidationError) and error.errors():
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "body"
+        return f"{where}: {first.get('msg', '')}"
+    return str(error)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

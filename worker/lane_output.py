@@ -1,0 +1,146 @@
+"""One choice's emitted tokens -> the fields of its delta events: text, reasoning, tool calls, logprobs.
+
+The pipeline, per token:  ids -> detokenizer + stop strings (TextOutput)
+                              -> think tags (ReasoningParser): reasoning | content
+                              -> <tool_call> JSON (ToolCallParser): content | tool_calls
+
+Tokens go through one at a time, so the reasoning budget is counted per token: a token counts
+when the parser is inside the think tags after reading it. Once the budget is spent the close tag
+is forced: `tokens_to_force()` hands the owner the tag's token ids (appended to the sequence, so
+the model continues with the answer) and the parser treats the tag as content's start. A decode
+step may emit several tokens at once, so with speculation the reasoning can run past the budget
+by at most one step's tokens; they are already verified and committed, and are kept.
+
+Every stage holds back only what it cannot decide yet, so feeding a resumed job's already
+published tokens through a fresh `LaneOutput` (and dropping what comes out) leaves it exactly
+where the dead worker's was: the rest of the stream continues without a seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import tokenizers
+
+from shared.protocol import TokenLogprob, TopLogprob
+from worker.chat.reasoning import ReasoningParser
+from worker.chat.tool_calls import ToolCallParser
+from worker.engine.logits_processing import TokenLogprobs
+from worker.engine.text_output import TextOutput
+
+
+@dataclass(slots=True, frozen=True)
+class ReasoningOptions:
+    start_tag: str = "<think>"
+    end_tag: str = "</think>"
+    starts_in_reasoning: bool = False  # the prompt already opened the think tag
+    budget: int | None = None  # tokens allowed inside the tags; None: unbounded
+    close_ids: tuple[int, ...] = ()  # forced when the budget is spent: the end tag (and a break)
+
+
+@dataclass(slots=True, frozen=True)
+class OutputOptions:
+    stop: tuple[str, ...] = ()
+    reasoning: ReasoningOptions | None = None
+    parse_tool_calls: bool = False
+    num_logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
+
+
+@dataclass(slots=True)
+class LaneDelta:
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+
+    def extend(self, other: LaneDelta) -> None:
+        self.text += other.text
+        self.reasoning += other.reasoning
+        self.tool_calls.extend(other.tool_calls)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.text or self.reasoning or self.tool_calls)
+
+
+class LaneOutput:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, options: OutputOptions, prompt_ids: Sequence[int]):
+        self.options = options
+        self._text = TextOutput(tokenizer, list(options.stop), prompt_ids)
+        reasoning = options.reasoning
+        self._reasoning = (ReasoningParser(reasoning.start_tag, reasoning.end_tag, reasoning.starts_in_reasoning)
+                           if reasoning is not None else None)
+        self._tools = ToolCallParser() if options.parse_tool_calls else None
+        self.num_reasoning_tokens = 0
+        self._forced = False
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string was hit: the lane must finish."""
+        return self._text.stopped
+
+    @property
+    def made_tool_calls(self) -> bool:
+        """At least one well-formed tool call (finish_reason "tool_calls")."""
+        return self._tools is not None and bool(self._tools.finish())
+
+    def add(self, token_ids: Sequence[int]) -> LaneDelta:
+        delta = LaneDelta()
+        for token in token_ids:
+            delta.extend(self._route(self._text.add([token])))
+            if self._reasoning is not None and self._reasoning.in_reasoning:
+                self.num_reasoning_tokens += 1
+        return delta
+
+    def finish(self) -> LaneDelta:
+        """Everything held back, at the end of the lane."""
+        delta = self._route(self._text.finish())
+        if self._reasoning is not None:
+            flushed = self._reasoning.flush()
+            delta.reasoning += flushed.reasoning
+            delta.extend(self._content(flushed.content))
+        if self._tools is not None:
+            flushed = self._tools.flush()
+            delta.text += flushed.content
+        return delta
+
+    def tokens_to_force(self) -> list[int]:
+        """The close tag's ids, once, when the reasoning budget is spent (else [])."""
+        options, parser = self.options.reasoning, self._reasoning
+        if options is None or parser is None or options.budget is None or self._forced:
+            return []
+        if not parser.in_reasoning or self.num_reasoning_tokens < options.budget:
+            return []
+        self._forced = True
+        parser.force_end()
+        return list(options.close_ids)
+
+    def _route(self, text: str) -> LaneDelta:
+        if self._reasoning is None:
+            return self._content(text)
+        split = self._reasoning.feed(text)
+        delta = self._content(split.content)
+        delta.reasoning = split.reasoning
+        return delta
+
+    def _content(self, text: str) -> LaneDelta:
+        if self._tools is None:
+            return LaneDelta(text=text)
+        parsed = self._tools.feed(text)
+        return LaneDelta(text=parsed.content, tool_calls=parsed.tool_calls)
+
+
+def format_logprobs(tokenizer: tokenizers.Tokenizer, entries: Sequence[TokenLogprobs]) -> list[TokenLogprob]:
+    """The runner's logprobs in the OpenAI shape: each token as text, with its UTF-8 bytes."""
+    return [
+        TokenLogprob(token=_text(tokenizer, entry.token_id), logprob=entry.logprob,
+                     bytes=list(_text(tokenizer, entry.token_id).encode()),
+                     top_logprobs=[TopLogprob(token=_text(tokenizer, token), logprob=logprob,
+                                              bytes=list(_text(tokenizer, token).encode()))
+                                   for token, logprob in entry.top])
+        for entry in entries
+    ]
+
+
+def _text(tokenizer: tokenizers.Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)

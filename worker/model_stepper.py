@@ -1,0 +1,175 @@
+"""The model-facing half of a lane: `LaneStepper` over the model runner and the paired prefill cache.
+
+A lane starts by looking up the longest cached block prefix of its tokens; on a hit the target's
+KV and the drafter's snapshot for that prefix are attached together and prefill goes on from
+there. When a lane's prefill completes, its longest whole-block prefix is stored (unless already
+cached), so the next request with the same system prompt skips it. Runs on the owner thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from shared.sampling import SamplingParams
+from worker.drafters.base import supports_prefix_reuse
+from worker.engine.logits_processing import TokenLogprobs, logprobs_of
+from worker.engine.runner import ModelRunner
+from worker.engine.sequence import Sequence
+from worker.engine.stats import SpecStats
+from worker.heartbeat import WorkerCounters
+from worker.prefix_cache import PrefixCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LaneStart:
+    """What a lane needs to start (the scheduler's payload)."""
+
+    sequence_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    resumed_ids: list[int] = field(default_factory=list)  # tokens a dead worker already emitted
+    num_logprobs: int | None = None
+
+
+@dataclass(slots=True)
+class LaneState:
+    sequence: Sequence
+    num_logprobs: int | None
+    prefix_tokens: int = 0  # tokens reused from the prefix cache
+    stored: bool = False  # its prefix went to the cache (or was already there)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of the last decode step's tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.sequence.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.sequence.finish_reason
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.sequence.output_ids
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.sequence.stats
+
+
+class ModelStepper:
+    def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None = None,
+                 counters: WorkerCounters | None = None):
+        if prefix_cache is not None and not supports_prefix_reuse(runner.drafter):
+            log.warning("drafter %s cannot export its context: the prefill cache is off",
+                        getattr(runner.drafter, "name", runner.drafter))
+            prefix_cache = None
+        self.runner = runner
+        self.prefix_cache = prefix_cache
+        self.counters = counters or WorkerCounters()
+        self._logprob_lanes: dict[str, LaneState] = {}
+        runner.logits_observer = self._observe_logits
+
+    def kv_bytes(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        """Bytes of the KV cache `runner.start` allocates for such a lane."""
+        config = self.runner.decoder.config
+        capacity = num_prompt_tokens + max_tokens + self.runner.max_draft_nodes + 1
+        element = torch.empty((), dtype=self.runner.decoder.dtype).element_size()
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * capacity * element
+
+    def start(self, payload: LaneStart) -> LaneState:
+        sequence = self.runner.start(payload.sequence_id, payload.prompt_ids, payload.params, payload.resumed_ids)
+        state = LaneState(sequence, payload.num_logprobs)
+        if not sequence.finished:
+            state.prefix_tokens = self._reuse_prefix(sequence)
+        if payload.num_logprobs is not None:
+            self._logprob_lanes[payload.sequence_id] = state
+        return state
+
+    def num_to_prefill(self, state: LaneState) -> int:
+        return 0 if state.finished else state.sequence.num_to_prefill
+
+    def prefill(self, state: LaneState, max_tokens: int) -> int:
+        sequence = state.sequence
+        num = min(max_tokens, sequence.num_to_prefill)
+        self.runner.prefill(sequence, num)
+        self.counters.steps += 1
+        if sequence.num_to_prefill == 0 and not state.stored:
+            state.stored = True
+            self._store_prefix(sequence)
+        return num
+
+    def decode(self, state: LaneState) -> list[int]:
+        if state.finished:
+            return []
+        state.logprobs = []
+        stats = state.stats
+        before = (stats.drafts, stats.draft_tokens, stats.accepted_tokens)
+        emitted = self.runner.decode_step(state.sequence)
+        counters = self.counters
+        counters.steps += 1
+        counters.tokens += len(emitted)
+        counters.drafts += stats.drafts - before[0]
+        counters.draft_tokens += stats.draft_tokens - before[1]
+        counters.accepted_tokens += stats.accepted_tokens - before[2]
+        return emitted
+
+    def release(self, state: LaneState) -> None:
+        self._logprob_lanes.pop(state.sequence.request_id, None)
+
+    def force_tokens(self, state: LaneState, token_ids: list[int]) -> list[int]:
+        """Append tokens the model did not choose (a forced close tag); they are prefilled next turn."""
+        sequence = state.sequence
+        room = sequence.params.max_tokens - len(sequence.output_ids)
+        forced = token_ids[: max(room, 0)]
+        sequence.output_ids.extend(forced)
+        self.counters.tokens += len(forced)
+        if len(sequence.output_ids) >= sequence.params.max_tokens:
+            sequence.finish_reason = "length"
+        return forced
+
+    def stop(self, state: LaneState) -> None:
+        """A stop string ended the text: the lane is finished."""
+        state.sequence.finish_reason = "stop"
+
+    def _reuse_prefix(self, sequence: Sequence) -> int:
+        cache = self.prefix_cache
+        if cache is None:
+            return 0
+        hit = cache.lookup(sequence.token_ids, sequence.num_tokens - 1)
+        self.counters.prefix_cache_queries += 1
+        if hit is None:
+            return 0
+        self.counters.prefix_cache_hits += 1
+        keys, values = hit.target
+        num = hit.num_tokens
+        snapshot = hit.drafter
+        if self.runner.drafter is not None and num < hit.entry_tokens:
+            snapshot = self.runner.drafter.export_prefix(snapshot, num)
+        self.runner.attach_prefix(sequence, keys[:, :, :num], values[:, :, :num], snapshot)
+        return num
+
+    def _store_prefix(self, sequence: Sequence) -> None:
+        cache = self.prefix_cache
+        if cache is None or sequence.finished:
+            return
+        num = cache.storable_tokens(sequence.cache.length)
+        token_ids = sequence.token_ids[:num]
+        if num == 0 or cache.covers(token_ids):
+            return
+        keys, values, snapshot = self.runner.export_prefix(sequence, num)
+        drafter = self.runner.drafter
+        if drafter is not None and snapshot is None:
+            return  # the drafter could not cover this prefix; the pair is stored whole or not at all
+        num_bytes = 2 * keys.numel() * keys.element_size() + (drafter.state_bytes(snapshot) if drafter else 0)
+        cache.insert(token_ids, (keys, values), snapshot, num_bytes)
+
+    def _observe_logits(self, sequence: Sequence, logits: torch.Tensor, emitted: list[int]) -> None:
+        state = self._logprob_lanes.get(sequence.request_id)
+        if state is None:
+            return
+        state.logprobs = [logprobs_of(row, token, state.num_logprobs or 0) for row, token in zip(logits, emitted)]

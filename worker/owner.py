@@ -1,0 +1,314 @@
+"""The owner thread: the one thread that touches the model. It runs the scheduler and turns lane
+steps into protocol events.
+
+The asyncio side talks to it through two queues: `inbox` (thread-safe `queue.Queue`) carries
+`StartJob`, `DropJob` and `StopOwner`; `emit` hands `Publication`s and `JobDone`s back, in order.
+The inbox is drained before every step, so a cancel that arrived is seen before the lane's next
+step. Each decode step of a lane becomes one delta event (its token ids, even when the text is
+still held back, so the job state always records every emitted token); each choice ends with one
+final event; an error event ends the whole request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tokenizers
+
+from shared.protocol import DeltaEvent, ErrorCode, ErrorEvent, FinalEvent, FinalStats, ToolCallDelta, Usage
+from worker.jobs import JobSpec
+from worker.lane_output import LaneDelta, LaneOutput, format_logprobs
+from worker.model_stepper import LaneStart, LaneState, ModelStepper
+from worker.redis_io import Event, JobRef, Publication
+from worker.scheduler import LaneKey, LaneRequest, LaneTooLarge, Scheduler, SchedulerConfig, StepKind, StepResult
+
+log = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.05  # how long an idle owner blocks on its inbox before looking again
+
+
+@dataclass(slots=True)
+class StartJob:
+    spec: JobSpec
+    ref: JobRef
+
+
+@dataclass(slots=True)
+class DropJob:
+    request_id: str
+    cancelled: bool  # True: the client cancelled (final "cancelled" + ack); False: the job is no longer ours
+
+
+@dataclass(slots=True)
+class StopOwner:
+    pass
+
+
+@dataclass(slots=True)
+class JobDone:
+    """Every choice has ended (or the request failed): acknowledge the entry, drop the state."""
+
+    ref: JobRef
+
+
+class Capacity:
+    """Lanes held by accepted jobs (waiting or running). The reader holds, the owner releases."""
+
+    def __init__(self, max_lanes: int):
+        self.max_lanes = max_lanes
+        self._held = 0
+        self._lock = threading.Lock()
+        self.num_waiting = 0  # lanes accepted but not yet started (memory-bound); set by the owner
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def free(self) -> int:
+        """Lanes a new job may take now; 0 while accepted lanes still wait for memory."""
+        with self._lock:
+            return 0 if self.num_waiting else max(self.max_lanes - self._held, 0)
+
+    def hold(self, num: int) -> None:
+        with self._lock:
+            self._held += num
+
+    def release(self, num: int) -> None:
+        with self._lock:
+            self._held -= num
+            assert self._held >= 0, self._held
+
+
+@dataclass(slots=True, frozen=True)
+class OwnerConfig:
+    worker_id: str
+    speculation: str
+    max_lanes: int
+    max_kv_bytes: int
+    max_prefill_chunk: int
+
+
+@dataclass(slots=True)
+class _Job:
+    spec: JobSpec
+    ref: JobRef
+    outputs: dict[int, LaneOutput]  # open choices only
+    emitted: list[list[int]]  # per choice, every token published (resumed ones included)
+    finished: list[int]  # choices whose final event went out
+    next_seq: int
+
+
+class Owner:
+    def __init__(self, stepper: ModelStepper, tokenizer: tokenizers.Tokenizer, config: OwnerConfig,
+                 capacity: Capacity, emit: Callable[[Publication | JobDone], None]):
+        self.stepper = stepper
+        self.tokenizer = tokenizer
+        self.config = config
+        self.capacity = capacity
+        self.emit = emit
+        self.inbox: queue.Queue[StartJob | DropJob | StopOwner] = queue.Queue()
+        self.scheduler = Scheduler(stepper, SchedulerConfig(config.max_lanes, config.max_kv_bytes,
+                                                            config.max_prefill_chunk), self._is_cancelled)
+        self._jobs: dict[str, _Job] = {}
+        self._cancelled: set[str] = set()
+
+    def run(self) -> None:
+        """The owner loop; returns on StopOwner (dropping whatever is left, unacknowledged)."""
+        while self._receive(block=self.scheduler.idle):
+            result = self.scheduler.step()
+            if result is not None:
+                self._handle(result)
+            self.capacity.num_waiting = self.scheduler.num_waiting
+        for request_id in list(self._jobs):
+            self._drop(self._jobs[request_id], cancelled=False)
+
+    def _receive(self, block: bool) -> bool:
+        try:
+            message = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
+            while True:
+                if isinstance(message, StopOwner):
+                    return False
+                self._dispatch(message)
+                message = self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _dispatch(self, message: StartJob | DropJob) -> None:
+        if isinstance(message, StartJob):
+            self._start(message.spec, message.ref)
+        elif message.request_id in self._jobs:
+            if message.cancelled:
+                self._cancelled.add(message.request_id)  # dropped before its next step
+            else:
+                self._drop(self._jobs[message.request_id], cancelled=False)
+
+    def _is_cancelled(self, key: LaneKey) -> bool:
+        return key[0] in self._cancelled
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _start(self, spec: JobSpec, ref: JobRef) -> None:
+        resume = spec.resume
+        finished = sorted(set(resume.finished_choices))
+        job = _Job(spec, ref, {}, [spec.resumed_ids(c) for c in range(spec.n)], finished, resume.next_seq)
+        self._jobs[spec.request_id] = job
+        self.capacity.release(len(finished))  # the reader held n lanes; finished choices need none
+        for choice in range(spec.n):
+            if choice not in finished:
+                job.outputs[choice] = self._replayed_output(job, choice)
+        for choice in [c for c, output in job.outputs.items() if output.stopped]:
+            self._finish_stopped_replay(job, choice)  # the earlier attempt died between its last delta and final
+        kv_bytes = self.stepper.kv_bytes(len(spec.prompt_ids), spec.params.max_tokens)
+        try:
+            for choice in job.outputs:
+                start = LaneStart(f"{spec.request_id}/{choice}", spec.prompt_ids, spec.params,
+                                  job.emitted[choice], spec.output.num_logprobs)
+                self.scheduler.submit(LaneRequest((spec.request_id, choice), kv_bytes, spec.deadline, start))
+        except LaneTooLarge as error:
+            self._fail(job, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
+            return
+        self._done_if_finished(job)
+
+    def _finish_stopped_replay(self, job: _Job, choice: int) -> None:
+        job.outputs.pop(choice)
+        job.finished.append(choice)
+        self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
+                                      choice=choice, finish_reason="stop", usage=self._usage(job, choice),
+                                      stats=FinalStats(speculation=self.config.speculation)))
+        self.capacity.release(1)
+
+    def _replayed_output(self, job: _Job, choice: int) -> LaneOutput:
+        output = LaneOutput(self.tokenizer, job.spec.output, job.spec.prompt_ids)
+        output.add(job.emitted[choice])  # published by an earlier attempt: replayed, not sent again
+        return output
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _handle(self, result: StepResult) -> None:
+        job = self._jobs.get(result.key[0])
+        if job is None:  # a lane of a job already torn down (cannot happen: teardown retires lanes)
+            self.scheduler.retire(result.key)
+            return
+        choice = result.key[1]
+        match result.kind:
+            case StepKind.PREFILL:
+                self._force_if_spent(job, choice, result.state)
+            case StepKind.DECODE:
+                self._on_tokens(job, choice, result.state, result.token_ids)
+            case StepKind.CANCELLED:
+                self._drop(job, cancelled=True)
+            case StepKind.EXPIRED:
+                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, f"request {job.spec.request_id} passed its deadline")
+            case StepKind.FAILED:
+                log.error("lane %s failed", result.key, exc_info=result.error)
+                self._fail(job, ErrorCode.INTERNAL_ERROR, f"{type(result.error).__name__}: {result.error}")
+
+    def _on_tokens(self, job: _Job, choice: int, state: LaneState, token_ids: list[int]) -> None:
+        output = job.outputs[choice]
+        delta = output.add(token_ids)
+        if output.stopped:
+            self.stepper.stop(state)
+        job.emitted[choice].extend(token_ids)
+        logprobs = format_logprobs(self.tokenizer, state.logprobs) if state.num_logprobs is not None else None
+        if not state.finished:
+            self._publish_delta(job, choice, delta, token_ids, logprobs)
+            self._force_if_spent(job, choice, state)
+            return
+        delta.extend(output.finish())
+        self._publish_delta(job, choice, delta, token_ids, logprobs)
+        self._finish_choice(job, choice, state)
+
+    def _force_if_spent(self, job: _Job, choice: int, state: LaneState) -> None:
+        """Reasoning budget spent: append the close tag to the sequence and publish its tokens."""
+        output = job.outputs[choice]
+        forced = [] if state.finished else output.tokens_to_force()
+        if not forced:
+            return
+        forced = self.stepper.force_tokens(state, forced)
+        delta = output.add(forced)
+        job.emitted[choice].extend(forced)
+        if state.finished:
+            delta.extend(output.finish())
+        self._publish_delta(job, choice, delta, forced, None)
+        if state.finished:
+            self._finish_choice(job, choice, state)
+
+    # -- ending -----------------------------------------------------------------------------
+
+    def _finish_choice(self, job: _Job, choice: int, state: LaneState) -> None:
+        output = job.outputs.pop(choice)
+        reason = state.finish_reason or "stop"
+        if reason == "stop" and output.made_tool_calls:
+            reason = "tool_calls"
+        job.finished.append(choice)
+        self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
+                                      choice=choice, finish_reason=reason, usage=self._usage(job, choice),
+                                      stats=self._stats(job, state)))
+        self._retire(job, choice)
+        self._done_if_finished(job)
+
+    def _drop(self, job: _Job, cancelled: bool) -> None:
+        """Cancelled: a "cancelled" final per open choice, then done. Lost: stop silently."""
+        for choice in sorted(job.outputs):
+            if cancelled:
+                job.finished.append(choice)
+                self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
+                                              choice=choice, finish_reason="cancelled",
+                                              usage=self._usage(job, choice)))
+            self._retire(job, choice)
+        job.outputs.clear()
+        self._end(job, done=cancelled)
+
+    def _fail(self, job: _Job, code: str, message: str) -> None:
+        self._publish(job, ErrorEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
+                                      message=message, code=code))
+        for choice in list(job.outputs):
+            self._retire(job, choice)
+        job.outputs.clear()
+        self._end(job, done=True)
+
+    def _retire(self, job: _Job, choice: int) -> None:
+        self.scheduler.retire((job.spec.request_id, choice))
+        self.capacity.release(1)
+
+    def _done_if_finished(self, job: _Job) -> None:
+        if not job.outputs and job.spec.request_id in self._jobs:
+            self._end(job, done=True)
+
+    def _end(self, job: _Job, done: bool) -> None:
+        self._jobs.pop(job.spec.request_id, None)
+        self._cancelled.discard(job.spec.request_id)
+        if done:
+            self.emit(JobDone(job.ref))
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _publish_delta(self, job: _Job, choice: int, delta: LaneDelta, token_ids: list[int],
+                       logprobs: list | None) -> None:
+        if not token_ids and delta.empty:
+            return
+        self._publish(job, DeltaEvent(
+            id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq, choice=choice, text=delta.text,
+            reasoning=delta.reasoning, token_ids=list(token_ids), logprobs=logprobs,
+            tool_calls=[ToolCallDelta.model_validate(call) for call in delta.tool_calls],
+        ))
+
+    def _publish(self, job: _Job, event: Event) -> None:
+        job.next_seq += 1
+        self.emit(Publication(job.ref, event, [list(ids) for ids in job.emitted], sorted(job.finished)))
+
+    def _usage(self, job: _Job, choice: int) -> Usage:
+        return Usage(prompt_tokens=len(job.spec.prompt_ids), completion_tokens=len(job.emitted[choice]))
+
+    def _stats(self, job: _Job, state: LaneState) -> FinalStats:
+        stats, spec = state.stats, job.spec
+        return FinalStats(
+            speculation=self.config.speculation, target_forwards=stats.target_forwards, drafts=stats.drafts,
+            draft_tokens=stats.draft_tokens, accepted_tokens=stats.accepted_tokens,
+            queue_s=round(max(spec.picked_at - spec.created, 0.0), 6), prefill_s=round(stats.prefill_s, 6),
+            decode_s=round(stats.decode_s, 6), prefix_cache_tokens=state.prefix_tokens,
+            tokens_per_forward=round(stats.tokens_per_forward, 4), worker_id=self.config.worker_id,
+        )

@@ -1,0 +1,244 @@
+"""The worker's Redis calls: reading and claiming jobs, publishing events, finishing jobs.
+
+Every write about a job runs as one Lua script fenced on ownership: the stream entry must still
+be pending *for this worker* (XPENDING on the entry id) and the job state's attempt must be this
+worker's. A worker presumed dead whose job was reclaimed therefore cannot publish another event,
+and a reclaimer never races the old owner's last write. Publishing is also idempotent on `seq`
+(the state's `next_seq` says what already landed), so a call retried after a lost reply does not
+push an event twice.
+
+Both XAUTOCLAIM reply shapes are handled: Redis 6.2 answers [next, entries] and reports entries
+deleted from the stream as [id, nil] inside `entries`; Redis 7+ answers [next, entries, deleted].
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from shared import keys
+from shared.protocol import EVENT_LOG_TTL_S, JOB_STATE_TTL_S, DeltaEvent, ErrorEvent, FinalEvent, JobState, encode_event
+
+Event = DeltaEvent | FinalEvent | ErrorEvent
+
+_OWNED = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+local owned = #pending == 1 and pending[1][2] == ARGV[3]
+"""
+
+# KEYS: stream, job state.  ARGV: group, entry id, consumer, state ttl.
+# Returns nil if the entry is not ours, else {deliveries, state as a flat HGETALL list}.
+_CLAIM = _OWNED + """
+if not owned then return false end
+local attempt = pending[1][4]
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('HSET', KEYS[2], 'emitted_token_ids', '[]', 'finished_choices', '[]', 'next_seq', 0)
+end
+redis.call('HSET', KEYS[2], 'worker', ARGV[3], 'attempt', attempt)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return {attempt, redis.call('HGETALL', KEYS[2])}
+"""
+
+# KEYS: stream, job state, event log.  ARGV: group, entry id, consumer, attempt, seq, event json,
+# channel, log ttl, state ttl, emitted_token_ids json, finished_choices json.
+_PUBLISH = _OWNED + """
+if not owned then return -1 end
+local attempt = redis.call('HGET', KEYS[2], 'attempt')
+if attempt and attempt ~= ARGV[4] then return -1 end
+local seq = tonumber(ARGV[5])
+if tonumber(redis.call('HGET', KEYS[2], 'next_seq') or '0') > seq then return 0 end
+redis.call('RPUSH', KEYS[3], ARGV[6])
+redis.call('EXPIRE', KEYS[3], ARGV[8])
+redis.call('PUBLISH', ARGV[7], ARGV[6])
+redis.call('HSET', KEYS[2], 'worker', ARGV[3], 'attempt', ARGV[4], 'emitted_token_ids', ARGV[10],
+           'finished_choices', ARGV[11], 'next_seq', seq + 1)
+redis.call('EXPIRE', KEYS[2], ARGV[9])
+return 1
+"""
+
+# KEYS: stream, job state, dead-letter stream.  ARGV: group, entry id, consumer, then the
+# dead letter's field/value pairs (none: no dead letter).
+_COMPLETE = _OWNED + """
+if not owned then return -1 end
+if #ARGV > 3 then redis.call('XADD', KEYS[3], '*', unpack(ARGV, 4)) end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+# KEYS: stream.  ARGV: group, consumer, entry ids.  Resets the idle time of the given entries that
+# are still pending for this consumer (never taking one that was reclaimed meanwhile).
+_TOUCH = """
+local touched = 0
+for i = 3, #ARGV do
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #pending == 1 and pending[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    touched = touched + 1
+  end
+end
+return touched
+"""
+
+
+class PublishResult(enum.IntEnum):
+    APPLIED = 1
+    DUPLICATE = 0  # a retry of an event that already landed
+    FENCED = -1  # the job is no longer ours: stop working on it
+
+
+@dataclass(slots=True, frozen=True)
+class JobRef:
+    """Where a job lives, and which delivery of it this worker holds."""
+
+    request_id: str
+    stream: str
+    entry_id: str
+    attempt: int
+
+
+@dataclass(slots=True)
+class Publication:
+    """One event with the job state it leaves behind (written together)."""
+
+    ref: JobRef
+    event: Event
+    emitted_token_ids: list[list[int]]
+    finished_choices: list[int]
+
+
+@dataclass(slots=True)
+class AutoClaim:
+    next_id: str
+    entries: list[tuple[str, dict[str, str]]]
+    deleted_ids: list[str] = field(default_factory=list)
+
+
+def parse_autoclaim(reply: list[Any]) -> AutoClaim:
+    """XAUTOCLAIM's raw reply, either shape (see the module docstring)."""
+    assert len(reply) in (2, 3), f"XAUTOCLAIM reply has {len(reply)} elements"
+    claim = AutoClaim(_text(reply[0]), [], [_text(i) for i in reply[2]] if len(reply) == 3 else [])
+    for item in reply[1] or []:
+        if item is None:
+            continue
+        entry_id, fields = _text(item[0]), item[1]
+        if fields is None:
+            claim.deleted_ids.append(entry_id)
+        else:
+            claim.entries.append((entry_id, _pairs(fields)))
+    return claim
+
+
+class RedisIO:
+    def __init__(self, redis: Redis, worker_id: str):
+        self.redis = redis
+        self.worker_id = worker_id
+        # Raw XAUTOCLAIM replies: redis-py's parser chokes on 6.2's deleted-entry shape.
+        redis.set_response_callback("XAUTOCLAIM", lambda response, **options: response)
+        self._claim = redis.register_script(_CLAIM)
+        self._publish = redis.register_script(_PUBLISH)
+        self._complete = redis.register_script(_COMPLETE)
+        self._touch = redis.register_script(_TOUCH)
+
+    async def ensure_group(self, stream: str) -> None:
+        try:
+            await self.redis.xgroup_create(stream, keys.CONSUMER_GROUP, id="0", mkstream=True)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+
+    async def read_new(self, stream: str, count: int, block_ms: int) -> list[tuple[str, dict[str, str]]]:
+        reply = await self.redis.xreadgroup(keys.CONSUMER_GROUP, self.worker_id, {stream: ">"},
+                                            count=count, block=block_ms)
+        if not reply:
+            return []
+        entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+        return [(_text(entry_id), fields) for entry_id, fields in entries if fields is not None]
+
+    async def autoclaim(self, stream: str, min_idle_ms: int, count: int, start_id: str = "0-0") -> AutoClaim:
+        reply = await self.redis.execute_command("XAUTOCLAIM", stream, keys.CONSUMER_GROUP, self.worker_id,
+                                                 min_idle_ms, start_id, "COUNT", count)
+        return parse_autoclaim(reply)
+
+    async def idle_owners(self, stream: str, min_idle_ms: int, count: int) -> set[str]:
+        """Consumers holding entries idle for at least `min_idle_ms`."""
+        pending = await self.redis.xpending_range(stream, keys.CONSUMER_GROUP, min="-", max="+", count=count,
+                                                  idle=min_idle_ms)
+        return {_text(item["consumer"]) for item in pending}
+
+    async def claim(self, stream: str, entry_id: str, request_id: str) -> tuple[int, JobState] | None:
+        """Take over the job state for the entry we hold: (attempt = deliveries, state), or None if not ours."""
+        reply = await self._claim(keys=[stream, keys.job_state(request_id)],
+                                  args=[keys.CONSUMER_GROUP, entry_id, self.worker_id, JOB_STATE_TTL_S])
+        if reply is None:
+            return None
+        return int(reply[0]), JobState.from_fields(_pairs(reply[1]))
+
+    async def publish(self, publications: list[Publication]) -> list[PublishResult]:
+        """Each event in its own fenced script, all in one round trip, in order."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for item in publications:
+                await self._publish(keys=_publish_keys(item.ref), args=self._publish_args(item), client=pipe)
+            replies = await pipe.execute()
+        return [PublishResult(int(reply)) for reply in replies]
+
+    async def complete(self, ref: JobRef, dead_letter: dict[str, str] | None = None) -> bool:
+        """XACK + XDEL the entry, DEL the job state, and dead-letter it if asked; False if not ours."""
+        reply = await self._complete(keys=[ref.stream, keys.job_state(ref.request_id), keys.DEAD_LETTER_STREAM],
+                                     args=[keys.CONSUMER_GROUP, ref.entry_id, self.worker_id,
+                                           *_flatten(dead_letter or {})])
+        return int(reply) == 1
+
+    async def dead_letter_unowned(self, stream: str, entry_id: str, fields: dict[str, str], reason: str) -> None:
+        """A malformed entry with no usable id: straight to the dead letters, acknowledged."""
+        await self._complete(keys=[stream, keys.job_state(fields.get("id") or entry_id), keys.DEAD_LETTER_STREAM],
+                             args=[keys.CONSUMER_GROUP, entry_id, self.worker_id,
+                                   *_flatten(dead_letter_fields(fields, stream, entry_id, reason, self.worker_id))])
+
+    async def ack_deleted(self, stream: str, entry_ids: list[str]) -> None:
+        if entry_ids:
+            await self.redis.xack(stream, keys.CONSUMER_GROUP, *entry_ids)
+
+    async def touch(self, stream: str, entry_ids: list[str]) -> int:
+        if not entry_ids:
+            return 0
+        return int(await self._touch(keys=[stream], args=[keys.CONSUMER_GROUP, self.worker_id, *entry_ids]))
+
+    def _publish_args(self, item: Publication) -> list[Any]:
+        ref, event = item.ref, item.event
+        return [
+            keys.CONSUMER_GROUP, ref.entry_id, self.worker_id, ref.attempt, event.seq, encode_event(event),
+            keys.events_channel(ref.request_id), EVENT_LOG_TTL_S, JOB_STATE_TTL_S,
+            json.dumps(item.emitted_token_ids), json.dumps(item.finished_choices),
+        ]
+
+
+def dead_letter_fields(fields: dict[str, str], stream: str, entry_id: str, reason: str,
+                       worker_id: str) -> dict[str, str]:
+    """The original job fields plus why, where from, and by whom."""
+    return {**{name: str(value) for name, value in fields.items()}, "reason": reason, "stream": stream,
+            "entry_id": entry_id, "dead_lettered_by": worker_id}
+
+
+def _publish_keys(ref: JobRef) -> list[str]:
+    return [ref.stream, keys.job_state(ref.request_id), keys.event_log(ref.request_id)]
+
+
+def _flatten(mapping: dict[str, str]) -> list[str]:
+    return [part for name, value in mapping.items() for part in (name, value)]
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    if isinstance(flat, dict):
+        return {_text(k): _text(v) for k, v in flat.items()}
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

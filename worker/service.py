@@ -1,0 +1,394 @@
+"""The worker process's asyncio side: Redis in, Redis out, and the owner thread in between.
+
+Tasks, each owned by `WorkerService.run` and cancelled when it returns:
+  heartbeat   beats every interval (ready=0 until the model is loaded and warmed up), touches held entries
+  reader      XREADGROUP one job at a time, only while a lane is free
+  reclaimer   XAUTOCLAIMs dead workers' jobs into free lanes (see `worker.reclaim`)
+  control     the control channel: cancels reach the owner before the lane's next step
+  cancel keys polled for held jobs, for cancels published while this worker was not listening
+  publisher   events and acks from the owner thread, in order, fenced (see `worker.redis_io`)
+
+Every loop survives Redis going away: connection errors back off (exponentially, capped) and
+retry; publishing is idempotent on seq, so a retried batch never duplicates an event. After a
+Redis restart (data gone) the consumer group is recreated and held jobs are found no longer ours.
+
+Shutdown (SIGTERM): stop reading, let the lanes finish within the drain grace, acknowledge them,
+then drop the heartbeat. Jobs still running at the end stay pending and are reclaimed elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.protocol import parse_control
+from shared.sampling import SamplingParams
+from shared.settings import WorkerSettings
+from worker.engine.generate import generate
+from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
+from worker.intake import Intake
+from worker.jobs import JobSpec
+from worker.model_stepper import ModelStepper
+from worker.owner import Capacity, DropJob, JobDone, Owner, OwnerConfig, StartJob, StopOwner
+from worker.prefix_cache import PrefixCache
+from worker.reclaim import Reclaimer
+from worker.redis_io import JobRef, Publication, PublishResult, RedisIO
+from worker.serving_model import ServingModel
+
+log = logging.getLogger(__name__)
+
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
+READ_BLOCK_MS = 500
+FREE_LANE_POLL_S = 0.01
+CANCEL_POLL_S = 0.2
+PUBLISH_BATCH = 64
+WARMUP_TOKENS = 2
+
+
+@dataclass(slots=True, frozen=True)
+class ServiceConfig:
+    worker_id: str
+    model_name: str  # the served name: the stream this worker reads
+    speculation: str
+    redis_url: str
+    max_lanes: int = 8
+    max_context: int = 4096
+    max_kv_bytes: int | None = None  # None: room for every lane at full context
+    max_prefill_chunk: int = 256
+    prefill_cache_bytes: int = 256 * 1024 * 1024
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: float = 5.0
+    max_attempts: int = 3
+    drain_grace_s: float = 30.0
+    redis_timeout_s: float = 5.0
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings, speculation: str | None = None) -> ServiceConfig:
+        return cls(
+            worker_id=settings.worker_id, model_name=settings.model_name,
+            speculation=speculation or settings.speculation, redis_url=settings.redis_url,
+            max_lanes=settings.max_lanes, max_context=settings.max_context,
+            prefill_cache_bytes=settings.prefill_cache_bytes, heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s, max_attempts=settings.max_attempts,
+            drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
+        )
+
+    @property
+    def stream(self) -> str:
+        return keys.request_stream(self.model_name)
+
+
+class WorkerService:
+    def __init__(self, config: ServiceConfig, load_model: Callable[[], ServingModel]):
+        assert config.redis_timeout_s * 1000 > READ_BLOCK_MS, "a blocking read must end before its socket times out"
+        self.config = config
+        self.load_model = load_model
+        self.counters = WorkerCounters()
+        self.capacity = Capacity(config.max_lanes)
+        self.identity = WorkerIdentity(config.worker_id, config.model_name, config.speculation, config.max_lanes,
+                                       config.max_context, time.time())
+        self._owner: Owner | None = None
+        self._held: dict[str, JobRef] = {}  # jobs handed to the owner, by request id
+        self._cancel_sent: set[str] = set()
+        self._draining = False
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then drain. Raises if the model cannot be loaded."""
+        client = redis.asyncio.Redis.from_url(self.config.redis_url, decode_responses=True,
+                                              socket_timeout=self.config.redis_timeout_s,
+                                              socket_connect_timeout=self.config.redis_timeout_s)
+        try:
+            await self._serve(client, stop)
+        finally:
+            await client.aclose()
+
+    async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
+        self.io = RedisIO(client, self.config.worker_id)
+        self._intake = Intake(self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes,
+                              self._hand_over)
+        loop = asyncio.get_running_loop()
+        self._outbox: asyncio.Queue[Publication | JobDone] = asyncio.Queue()
+        owner_ready: asyncio.Future[Owner] = loop.create_future()
+        owner_exit: asyncio.Future[None] = loop.create_future()
+        thread = threading.Thread(target=self._owner_main, args=(loop, owner_ready, owner_exit),
+                                  name="arbor-owner", daemon=True)
+        thread.start()
+        tasks = [asyncio.create_task(self._forever("heartbeat", self._heartbeat_once), name="heartbeat")]
+        try:
+            self._owner = await _first(owner_ready, stop, owner_exit)
+            if self._owner is None:
+                return
+            group = asyncio.create_task(
+                self._forever_until_ok("consumer group", lambda: self.io.ensure_group(self.config.stream)))
+            tasks.append(group)  # owned like the loops: cancelled at shut-down if Redis never answers
+            await _first(stop, group)
+            if stop.is_set():
+                return
+            tasks += self._start_serving_tasks()
+            self._ready = True
+            log.info("worker %s ready on %s", self.config.worker_id, self.config.stream)
+            await _first(stop, owner_exit)
+            await self._drain(owner_exit)
+        finally:
+            await self._shut_down(tasks, thread, client, owner_exit)
+
+    def _start_serving_tasks(self) -> list[asyncio.Task]:
+        loops: dict[str, Callable[[], Awaitable[None]]] = {
+            "reader": self._read_once, "reclaimer": self._reclaim_once, "control": self._control_once,
+            "cancel-keys": self._poll_cancel_keys_once, "publisher": self._publish_once,
+        }
+        self._reclaimer = Reclaimer(self.io, self.config.stream, int(self.config.heartbeat_ttl_s * 1000))
+        return [asyncio.create_task(self._forever(name, body), name=name) for name, body in loops.items()]
+
+    # -- the owner thread -------------------------------------------------------------------
+
+    def _owner_main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future, exited: asyncio.Future) -> None:
+        waiting = ready  # the future a failure goes to: loading first, then running
+        try:
+            owner = self._build_owner(loop)
+            loop.call_soon_threadsafe(_resolve, ready, owner)
+            waiting = exited
+            owner.run()
+            loop.call_soon_threadsafe(_resolve, exited, None)
+        except BaseException as error:  # the owner thread's edge: hand the failure to the event loop
+            log.exception("owner thread failed")
+            loop.call_soon_threadsafe(_fail_future, waiting, error)
+
+    def _build_owner(self, loop: asyncio.AbstractEventLoop) -> Owner:
+        served = self.load_model()
+        warm_up(served)
+        self._intake.served = served
+        config = self.config
+        cache = PrefixCache(config.prefill_cache_bytes) if config.prefill_cache_bytes > 0 else None
+        stepper = ModelStepper(served.runner, cache, self.counters)
+        max_kv_bytes = config.max_kv_bytes or config.max_lanes * stepper.kv_bytes(config.max_context, 0)
+        owner_config = OwnerConfig(config.worker_id, config.speculation, config.max_lanes, max_kv_bytes,
+                                   config.max_prefill_chunk)
+        return Owner(stepper, served.tokenizer, owner_config, self.capacity,
+                     lambda item: loop.call_soon_threadsafe(self._outbox.put_nowait, item))
+
+    # -- loops (one iteration each; `_forever` repeats them and rides out Redis outages) ----------
+
+    async def _forever(self, name: str, once: Callable[[], Awaitable[None]]) -> None:
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                await once()
+                delay = BACKOFF_MIN_S
+                continue
+            except REDIS_DOWN as error:
+                log.warning("%s: redis unavailable (%s); retrying in %.2fs", name, error, delay)
+            except redis.exceptions.ResponseError as error:
+                if "NOGROUP" in str(error):
+                    log.warning("%s: the consumer group is gone (redis restarted?); recreating it", name)
+                    await self._forever_until_ok(name, lambda: self.io.ensure_group(self.config.stream))
+                    continue
+                log.exception("%s: redis refused a command", name)
+            except Exception:  # a loop must not die quietly: log, back off, go on
+                log.exception("%s: unexpected error", name)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, BACKOFF_MAX_S)
+
+    async def _forever_until_ok(self, name: str, once: Callable[[], Awaitable[None]]) -> None:
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                await once()
+                return
+            except REDIS_DOWN as error:
+                log.warning("%s: redis unavailable (%s); retrying in %.2fs", name, error, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX_S)
+
+    async def _heartbeat_once(self) -> None:
+        beat_fields = heartbeat(self.identity, self.counters, self._ready, self.capacity.held)
+        await beat(self.io.redis, beat_fields, self.config.heartbeat_ttl_s)
+        await self.io.touch(self.config.stream, [ref.entry_id for ref in self._held.values()])
+        await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    async def _read_once(self) -> None:
+        if self._draining or self.capacity.free() <= 0:
+            await asyncio.sleep(FREE_LANE_POLL_S)
+            return
+        for entry_id, fields in await self.io.read_new(self.config.stream, 1, READ_BLOCK_MS):
+            await self._intake.accept(entry_id, fields)
+
+    async def _reclaim_once(self) -> None:
+        await asyncio.sleep(self.config.heartbeat_interval_s)
+        if self._draining:
+            return
+        for entry_id, fields in await self._reclaimer.claim(self.capacity.free()):
+            log.info("reclaimed entry %s (%s)", entry_id, fields.get("id"))
+            await self._intake.accept(entry_id, fields)
+
+    async def _control_once(self) -> None:
+        pubsub = self.io.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(keys.CONTROL_CHANNEL)
+            await self._poll_cancel_keys()  # cancels sent while we were not subscribed
+            while True:
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None:
+                    self._on_control(message["data"])
+        finally:
+            await pubsub.aclose()
+
+    def _on_control(self, data: str) -> None:
+        try:
+            request_id = parse_control(data).id
+        except ValueError:
+            log.warning("ignoring a malformed control message: %.200r", data)
+            return
+        self._send_cancel(request_id)
+
+    async def _poll_cancel_keys_once(self) -> None:
+        await self._poll_cancel_keys()
+        await asyncio.sleep(CANCEL_POLL_S)
+
+    async def _poll_cancel_keys(self) -> None:
+        request_ids = [rid for rid in self._held if rid not in self._cancel_sent]
+        if not request_ids:
+            return
+        async with self.io.redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.exists(keys.cancel_key(request_id))
+            found = await pipe.execute()
+        for request_id, exists in zip(request_ids, found):
+            if exists:
+                self._send_cancel(request_id)
+
+    def _send_cancel(self, request_id: str) -> None:
+        if request_id in self._held and request_id not in self._cancel_sent and self._owner is not None:
+            self._cancel_sent.add(request_id)
+            self._owner.inbox.put(DropJob(request_id, cancelled=True))
+
+    async def _publish_once(self) -> None:
+        batch = [await self._outbox.get()]
+        while len(batch) < PUBLISH_BATCH and not self._outbox.empty():
+            batch.append(self._outbox.get_nowait())
+        try:
+            await self._deliver(batch)
+        except BaseException:
+            _requeue_front(self._outbox, batch)  # delivered again after the backoff; seq makes it idempotent
+            raise
+
+    async def _deliver(self, batch: list[Publication | JobDone]) -> None:
+        publications: list[Publication] = []
+        for item in batch:
+            if isinstance(item, Publication):
+                publications.append(item)
+                continue
+            await self._publish_events(publications)
+            publications = []
+            await self._finish_job(item.ref)
+        await self._publish_events(publications)
+
+    async def _publish_events(self, publications: list[Publication]) -> None:
+        if not publications:
+            return
+        for item, result in zip(publications, await self.io.publish(publications)):
+            if result is PublishResult.FENCED:
+                self._lose(item.ref.request_id)
+
+    async def _finish_job(self, ref: JobRef) -> None:
+        if self._held.get(ref.request_id) == ref:
+            await self.io.complete(ref)
+            self._forget(ref.request_id)
+
+    def _lose(self, request_id: str) -> None:
+        """The job is no longer ours (reclaimed, or Redis lost it): stop working on it, quietly."""
+        if self._held.pop(request_id, None) is not None and self._owner is not None:
+            log.warning("job %s is no longer ours; dropping it", request_id)
+            self._owner.inbox.put(DropJob(request_id, cancelled=False))
+        self._cancel_sent.discard(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._held.pop(request_id, None)
+        self._cancel_sent.discard(request_id)
+
+    def _hand_over(self, spec: JobSpec, ref: JobRef) -> None:
+        self.capacity.hold(spec.n)
+        self._held[ref.request_id] = ref
+        assert self._owner is not None
+        self._owner.inbox.put(StartJob(spec, ref))
+
+    # -- shutting down ----------------------------------------------------------------------
+
+    async def _drain(self, owner_exit: asyncio.Future) -> None:
+        """Stop taking jobs; give the running ones the grace period to finish and be acknowledged."""
+        self._draining = True
+        deadline = time.monotonic() + self.config.drain_grace_s
+        while self._held and time.monotonic() < deadline and not owner_exit.done():
+            await asyncio.sleep(0.05)
+        if self._held:
+            log.warning("drain grace over; leaving %d jobs to be reclaimed", len(self._held))
+
+    async def _shut_down(self, tasks: list[asyncio.Task], thread: threading.Thread, client: Redis,
+                         owner_exit: asyncio.Future) -> None:
+        self._ready = False
+        if self._owner is not None:
+            self._owner.inbox.put(StopOwner())
+        await asyncio.to_thread(thread.join, 30.0)  # a loading owner cannot be interrupted; it is a daemon
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(*REDIS_DOWN):
+            async with asyncio.timeout(self.config.redis_timeout_s):
+                await retire(client, self.config.worker_id)
+        if owner_exit.done() and owner_exit.exception() is not None:
+            raise owner_exit.exception()
+
+
+def warm_up(served: ServingModel) -> None:
+    """One short generation, so the first request does not pay for lazy initialisation."""
+    prompt_ids = served.encode_text("Hello") or [0]
+    generate(served.runner, served.tokenizer, prompt_ids, SamplingParams(max_tokens=WARMUP_TOKENS))
+
+
+async def _first(*waitables: asyncio.Future | asyncio.Event) -> object:
+    """Wait for the first future to resolve or event to be set; its result (None for an event)."""
+    waiters = {asyncio.ensure_future(w.wait()) if isinstance(w, asyncio.Event) else w: w for w in waitables}
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter, source in waiters.items():
+        if waiter is not source:
+            waiter.cancel()
+    first = next(iter(done))
+    return None if isinstance(waiters[first], asyncio.Event) else first.result()
+
+
+def _resolve(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail_future(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _requeue_front(queue: asyncio.Queue, items: list) -> None:
+    rest = []
+    while not queue.empty():
+        rest.append(queue.get_nowait())
+    for item in items + rest:
+        queue.put_nowait(item)
