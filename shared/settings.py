@@ -83,6 +83,7 @@ class WorkerSettings(BaseSettings):
     drain_grace_s: float = Field(30.0, ge=0)  # ARBOR_DRAIN_GRACE_S: finish lanes on SIGTERM
     redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S
     metrics_port: int = Field(0, ge=0, le=65535)  # ARBOR_METRICS_PORT: serve /metrics here; 0 = off
+    metrics_host: str = "127.0.0.1"  # ARBOR_METRICS_HOST: 0.0.0.0 in containers, so Prometheus can scrape
     cache_dir: Path = Path.home() / ".cache" / "arbor"  # ARBOR_CACHE_DIR: converted GGUF weights
     log_level: str = "info"  # ARBOR_LOG_LEVEL
 

@@ -9,7 +9,7 @@ is what lets the reclaimer's XAUTOCLAIM (min idle = TTL) take only dead workers'
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -28,6 +28,10 @@ class WorkerCounters:
     accepted_tokens: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    # Served on the worker's own /metrics only (see worker.metrics), not in the heartbeat:
+    accepted_by_position: list[int] = field(default_factory=list)  # [d]: drafts whose depth d+1 was accepted
+    prefix_cache_bytes: int = 0
+    redeliveries: int = 0  # jobs this worker reclaimed from a dead one
 
 
 @dataclass(slots=True, frozen=True)

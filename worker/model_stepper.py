@@ -116,6 +116,7 @@ class ModelStepper:
         counters.drafts += stats.drafts - before[0]
         counters.draft_tokens += stats.draft_tokens - before[1]
         counters.accepted_tokens += stats.accepted_tokens - before[2]
+        _count_by_position(counters.accepted_by_position, stats.accepted_tokens - before[2])
         return emitted
 
     def release(self, state: LaneState) -> None:
@@ -167,9 +168,17 @@ class ModelStepper:
             return  # the drafter could not cover this prefix; the pair is stored whole or not at all
         num_bytes = 2 * keys.numel() * keys.element_size() + (drafter.state_bytes(snapshot) if drafter else 0)
         cache.insert(token_ids, (keys, values), snapshot, num_bytes)
+        self.counters.prefix_cache_bytes = cache.num_bytes
 
     def _observe_logits(self, sequence: Sequence, logits: torch.Tensor, emitted: list[int]) -> None:
         state = self._logprob_lanes.get(sequence.request_id)
         if state is None:
             return
         state.logprobs = [logprobs_of(row, token, state.num_logprobs or 0) for row, token in zip(logits, emitted)]
+
+
+def _count_by_position(counts: list[int], num_accepted: int) -> None:
+    # An accepted path is contiguous from depth 1, so accepting n tokens accepts positions 0..n-1.
+    counts.extend([0] * (num_accepted - len(counts)))
+    for position in range(num_accepted):
+        counts[position] += 1

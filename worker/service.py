@@ -72,6 +72,8 @@ class ServiceConfig:
     max_attempts: int = 3
     drain_grace_s: float = 30.0
     redis_timeout_s: float = 5.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # 0: no /metrics endpoint of its own
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, speculation: str | None = None) -> ServiceConfig:
@@ -82,6 +84,7 @@ class ServiceConfig:
             prefill_cache_bytes=settings.prefill_cache_bytes, heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeat_ttl_s=settings.heartbeat_ttl_s, max_attempts=settings.max_attempts,
             drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
+            metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
         )
 
     @property
@@ -117,10 +120,21 @@ class WorkerService:
         client = redis.asyncio.Redis.from_url(self.config.redis_url, decode_responses=True,
                                               socket_timeout=self.config.redis_timeout_s,
                                               socket_connect_timeout=self.config.redis_timeout_s)
+        metrics = self._serve_metrics()
         try:
             await self._serve(client, stop)
         finally:
             await client.aclose()
+            if metrics is not None:
+                metrics.shutdown()
+
+    def _serve_metrics(self):
+        if not self.config.metrics_port:
+            return None
+        from worker.metrics import WorkerCollector, serve_metrics
+
+        collector = WorkerCollector(self.identity, self.counters, lambda: self.capacity.held)
+        return serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
 
     async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
         self.io = RedisIO(client, self.config.worker_id)
@@ -239,6 +253,7 @@ class WorkerService:
             return
         for entry_id, fields in await self._reclaimer.claim(self.capacity.free()):
             log.info("reclaimed entry %s (%s)", entry_id, fields.get("id"))
+            self.counters.redeliveries += 1
             await self._intake.accept(entry_id, fields)
 
     async def _control_once(self) -> None:

@@ -1,0 +1,32 @@
+"""The worker's own /metrics endpoint serves its counters, per-position acceptance included."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+from worker.heartbeat import WorkerCounters, WorkerIdentity
+from worker.metrics import WorkerCollector, serve_metrics
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_metrics_endpoint_reads_live_counters():
+    counters = WorkerCounters(tokens=7, drafts=3, accepted_tokens=4, accepted_by_position=[3, 1], redeliveries=2)
+    identity = WorkerIdentity("w1", "tiny", "mtp", lanes_total=4, max_context=512, started_at=0.0)
+    port = _free_port()
+    server = serve_metrics(WorkerCollector(identity, counters, lambda: 1), "127.0.0.1", port)
+    try:
+        counters.tokens += 5  # read at scrape time, not copied at start
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    assert 'arbor_worker_generated_tokens_total{model="tiny",speculation="mtp"} 12.0' in body
+    assert 'arbor_worker_spec_accepted_by_position_total{model="tiny",position="1",speculation="mtp"} 3.0' in body
+    assert 'arbor_worker_spec_accepted_by_position_total{model="tiny",position="2",speculation="mtp"} 1.0' in body
+    assert 'arbor_worker_redeliveries_total{model="tiny",speculation="mtp"} 2.0' in body
+    assert 'arbor_worker_lanes_busy{model="tiny",speculation="mtp"} 1.0' in body

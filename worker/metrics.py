@@ -1,0 +1,64 @@
+"""The worker's own Prometheus endpoint (ARBOR_METRICS_PORT), scraped per replica.
+
+Why both this and the gateway's heartbeat sums: the gateway's `/metrics` already exports fleet
+totals read from heartbeats (enough for one-scrape dashboards), but per-position acceptance,
+redeliveries and prefill-cache bytes are per-worker detail that would bloat every heartbeat, and
+per-replica series let Prometheus (DNS discovery, see ops/prometheus) tell workers apart.
+Everything is read from the owner thread's counters at scrape time; nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from worker.heartbeat import WorkerCounters, WorkerIdentity
+
+
+class WorkerCollector:
+    def __init__(self, identity: WorkerIdentity, counters: WorkerCounters, lanes_busy: Callable[[], int]):
+        self.identity, self.counters, self.lanes_busy = identity, counters, lanes_busy
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "speculation"]
+        values = [self.identity.model, self.identity.speculation]
+        c = self.counters
+        for name, doc, value in (
+            ("arbor_worker_steps", "Scheduler steps (prefill chunks and decode cycles)", c.steps),
+            ("arbor_worker_generated_tokens", "Tokens generated", c.tokens),
+            ("arbor_worker_spec_drafts", "Draft-verify cycles with a non-empty draft", c.drafts),
+            ("arbor_worker_spec_draft_tokens", "Draft tokens proposed", c.draft_tokens),
+            ("arbor_worker_spec_accepted_tokens", "Draft tokens accepted", c.accepted_tokens),
+            ("arbor_worker_prefix_cache_queries", "Prefill cache lookups", c.prefix_cache_queries),
+            ("arbor_worker_prefix_cache_hits", "Prefill cache hits", c.prefix_cache_hits),
+            ("arbor_worker_redeliveries", "Jobs reclaimed from a dead worker", c.redeliveries),
+        ):
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            yield family
+        by_position = CounterMetricFamily("arbor_worker_spec_accepted_by_position",
+                                          "Drafts whose token at this position (1-based) was accepted",
+                                          labels=[*labels, "position"])
+        for index, count in enumerate(list(c.accepted_by_position)):
+            by_position.add_metric([*values, str(index + 1)], count)
+        yield by_position
+        yield _gauge("arbor_worker_prefix_cache_bytes", "Bytes held by the prefill cache", labels, values,
+                     c.prefix_cache_bytes)
+        yield _gauge("arbor_worker_lanes_busy", "Lanes serving a request", labels, values, self.lanes_busy())
+        yield _gauge("arbor_worker_lanes_total", "Lanes", labels, values, self.identity.lanes_total)
+
+
+def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    family.add_metric(values, value)
+    return family
+
+
+def serve_metrics(collector: WorkerCollector, host: str, port: int):
+    """Start the endpoint on a daemon thread; returns the server (call .shutdown() to stop)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server
