@@ -1,0 +1,202 @@
+"""The live stack through the official `openai` SDK: chat, streaming, completions, tools, agents, n, seeds.
+
+Exact texts come from the scripted model (tests/support/scripted_model.py), whose greedy output is
+its script; sampling, n and completions use the random tiny Qwen3.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.e2e.live_stack import SCRIPTED_MODEL, TINY_MODEL, Stack
+from tests.support.scripted_model import PLAIN, STEPS, TOOLS, ScriptedTurn
+
+USER = {"role": "user", "content": "What is the weather in Paris?"}
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> openai.OpenAI:
+    return stack.openai()
+
+
+def _calls(message) -> list[tuple[str, dict]]:
+    return [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or []]
+
+
+def _declared_calls(turn: ScriptedTurn) -> list[tuple[str, dict]]:
+    return [(call.name, call.arguments) for call in turn.calls]
+
+
+def _stream_chat(client: openai.OpenAI, **kwargs) -> tuple[str, list[dict], str | None, list]:
+    """Stream a chat completion and accumulate it as an SDK user would: content, tool calls by index."""
+    content, calls, finish_reason = "", {}, None
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            for fragment in delta.tool_calls or []:
+                call = calls.setdefault(fragment.index, {"id": None, "name": "", "arguments": "", "num_deltas": 0})
+                call["num_deltas"] += 1
+                if fragment.id:
+                    assert call["id"] is None, f"tool call {fragment.index} got a second id"
+                    call["id"] = fragment.id
+                if fragment.function is not None:
+                    call["name"] += fragment.function.name or ""
+                    call["arguments"] += fragment.function.arguments or ""
+            if choice.finish_reason is not None:
+                assert finish_reason is None, "two finish reasons for one choice"
+                finish_reason = choice.finish_reason
+    return content, [calls[i] for i in sorted(calls)], finish_reason, chunks
+
+
+def _assistant_with_calls(content: str, calls: list[dict]) -> dict:
+    functions = [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+    return {"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": c["id"], "type": "function", "function": f} for c, f in zip(calls, functions)]}
+
+
+def _tool_results(calls: list[dict], results: dict[str, str]) -> list[dict]:
+    return [{"role": "tool", "tool_call_id": call["id"], "content": results[call["name"]]} for call in calls]
+
+
+def _sdk_calls(message) -> list[dict]:
+    return [{"id": call.id, "name": call.function.name} for call in message.tool_calls or []]
+
+
+def test_chat_completion_returns_the_scripted_answer(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(model=SCRIPTED_MODEL, messages=[USER])
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl")
+    assert response.model == SCRIPTED_MODEL
+    (choice,) = response.choices
+    assert (choice.index, choice.finish_reason) == (0, "stop")
+    assert (choice.message.role, choice.message.content, choice.message.tool_calls) == ("assistant", PLAIN.text, None)
+    usage = response.usage
+    assert usage.completion_tokens == len(PLAIN.pieces) + 1  # the pieces and the eos
+    assert usage.prompt_tokens > 0 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_streamed_chat_yields_the_same_text_in_chunks(client: openai.OpenAI) -> None:
+    content, calls, finish_reason, chunks = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER])
+    assert (content, calls, finish_reason) == (PLAIN.text, [], "stop")
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({chunk.id for chunk in chunks}) == 1
+    assert sum(1 for chunk in chunks for choice in chunk.choices if choice.delta.content) >= 2
+    assert all(chunk.usage is None for chunk in chunks)  # not asked for
+
+
+def test_stream_options_include_usage_ends_with_a_usage_chunk(client: openai.OpenAI) -> None:
+    _, _, finish_reason, chunks = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER],
+                                               stream_options={"include_usage": True})
+    *body, last = chunks
+    assert finish_reason == "stop"
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.completion_tokens == len(PLAIN.pieces) + 1
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert all(chunk.usage is None and chunk.choices for chunk in body)
+
+
+def test_legacy_completions_stream_and_not_agree(client: openai.OpenAI) -> None:
+    params = dict(model=TINY_MODEL, prompt="The quick brown fox", max_tokens=12, temperature=0)
+    response = client.completions.create(**params)
+    assert response.object == "text_completion" and response.model == TINY_MODEL
+    (choice,) = response.choices
+    assert choice.finish_reason in ("stop", "length") and choice.text
+    assert response.usage.completion_tokens <= 12
+    streamed = list(client.completions.create(stream=True, **params))
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == [
+        choice.finish_reason]
+
+
+def test_models_lists_every_served_model(client: openai.OpenAI) -> None:
+    models = {model.id: model for model in client.models.list()}
+    assert set(models) == {TINY_MODEL, SCRIPTED_MODEL}
+    assert all(model.object == "model" for model in models.values())
+
+
+def test_tool_call_round_trip(client: openai.OpenAI) -> None:
+    messages: list = [USER]
+    first = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == STEPS[0].content
+    assert _calls(choice.message) == _declared_calls(STEPS[0])
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id
+    # As agent code does: the SDK's own message object goes back into the conversation.
+    messages += [choice.message, *_tool_results(_sdk_calls(choice.message), {"get_weather": "sunny, 18 C"})]
+    second = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+    assert second.choices[0].finish_reason == "tool_calls"
+    assert _calls(second.choices[0].message) == _declared_calls(STEPS[1])
+    message = second.choices[0].message
+    messages += [message, *_tool_results(_sdk_calls(message), {"get_time": "12:00"})]
+    answer = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+    assert answer.choices[0].finish_reason == "stop"
+    assert (answer.choices[0].message.content, answer.choices[0].message.tool_calls) == (STEPS[2].content, None)
+
+
+def test_streamed_tool_call_deltas_accumulate_into_the_call(client: openai.OpenAI) -> None:
+    content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER], tools=TOOLS)
+    assert (content, finish_reason) == (STEPS[0].content, "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == _declared_calls(STEPS[0])
+    assert calls[0]["id"] and calls[0]["num_deltas"] >= 2  # the name first, the arguments after
+    messages = [USER, _assistant_with_calls(content, calls), *_tool_results(calls, {"get_weather": "sunny"})]
+    content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+    assert (content, finish_reason) == (STEPS[1].content, "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == _declared_calls(STEPS[1])
+
+
+def test_scripted_agent_workflow_over_several_turns(client: openai.OpenAI) -> None:
+    """Two questions, four tool calls (two of them parallel), two answers; streamed and not, alternately."""
+    results = {"get_weather": "sunny", "get_time": "12:00"}
+    messages: list = [{"role": "system", "content": "You are a travel agent."}, USER]
+    for step, turn in enumerate(STEPS):
+        if step % 2:
+            content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=messages,
+                                                            tools=TOOLS)
+            made = [(c["name"], json.loads(c["arguments"])) for c in calls]
+            assistant = _assistant_with_calls(content, calls) if calls else {"role": "assistant", "content": content}
+        else:
+            response = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
+            message, finish_reason = response.choices[0].message, response.choices[0].finish_reason
+            content, calls, made, assistant = message.content or "", _sdk_calls(message), _calls(message), message
+        assert (content, made) == (turn.content, _declared_calls(turn)), f"step {step}"
+        assert finish_reason == ("tool_calls" if turn.calls else "stop"), f"step {step}"
+        messages.append(assistant)
+        if calls:
+            ids = [call["id"] for call in calls]
+            assert len(set(ids)) == len(ids), "parallel calls need distinct ids"
+            messages += _tool_results(calls, results)
+        else:
+            messages.append({"role": "user", "content": "And in Tokyo?"})
+
+
+def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> str:
+        response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=16,
+                                                  temperature=1.0, seed=seed)
+        return response.choices[0].message.content
+
+    first = sample(1234)
+    assert sample(1234) == first
+    # Sampling really happens: other seeds do not all land on the same text.
+    assert {sample(seed) for seed in (1, 2, 3)} != {first}
+
+
+def test_n_returns_independent_choices(client: openai.OpenAI) -> None:
+    greedy = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=10, temperature=0)
+    response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=10, temperature=0, n=2)
+    assert [choice.index for choice in response.choices] == [0, 1]
+    assert [choice.message.content for choice in response.choices] == [greedy.choices[0].message.content] * 2
+    assert response.usage.completion_tokens == 2 * greedy.usage.completion_tokens
+    assert response.usage.prompt_tokens == greedy.usage.prompt_tokens
+
+    chunks = list(client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=10, temperature=1.0,
+                                                 seed=5, n=2, stream=True))
+    finishes = {choice.index: choice.finish_reason for chunk in chunks for choice in chunk.choices
+                if choice.finish_reason}
+    assert set(finishes) == {0, 1}
