@@ -235,3 +235,26 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def transformers_layer_outputs(causal_lm, token_ids: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """A transformers model's per-decoder-layer outputs ({L: [T, hidden]}) and its final normed hidden [T, hidden].
+
+    Read with forward hooks rather than `hidden_states`, whose last entry is post-norm in some
+    transformers versions and pre-norm in others.
+    """
+    outputs: dict[int, torch.Tensor] = {}
+
+    def keep(index: int):
+        def hook(module, args, output) -> None:
+            outputs[index] = (output[0] if isinstance(output, tuple) else output)[0]  # [T, hidden]
+        return hook
+
+    hooks = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(causal_lm.model.layers)]
+    try:
+        with torch.no_grad():
+            final = causal_lm.model(input_ids=torch.tensor([token_ids])).last_hidden_state[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return outputs, final

@@ -240,7 +240,8 @@ def parse_dflash_spec(checkpoint: DraftCheckpoint, target: ModelConfig) -> DFlas
 def _target_layer_ids(dflash: dict, target: ModelConfig, source: str) -> tuple[int, ...]:
     ids = dflash.get("target_layer_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-        raise DrafterError(f"{source}: dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer indices")
+        raise DrafterError(f"{source}: dflash_config.target_layer_ids={ids!r} must be a non-empty list "
+                           f"of layer indices")
     bad = [i for i in ids if not 0 <= i < target.num_hidden_layers]
     if bad:
         raise DrafterError(f"{source}: dflash_config.target_layer_ids has {bad[0]}, outside the target's "

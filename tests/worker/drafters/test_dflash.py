@@ -14,7 +14,13 @@ import transformers
 from safetensors.torch import load_file
 
 from shared.sampling import SamplingParams
-from tests.support.tiny_drafters import one_torch_thread, read_config, speculation_checkpoints, write_random_dflash
+from tests.support.tiny_drafters import (
+    one_torch_thread,
+    read_config,
+    speculation_checkpoints,
+    transformers_layer_outputs,
+    write_random_dflash,
+)
 from worker.drafters.base import DrafterError
 from worker.drafters.dflash import DFlashDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
@@ -143,16 +149,8 @@ class Reference:
 
     def _features(self, committed: list[int]) -> torch.Tensor:
         """cat of the outputs of the target layers named in target_layer_ids: [L, n * hidden]."""
-        outputs = {}
-        hooks = [layer.register_forward_hook(
-            lambda module, args, output, i=i: outputs.__setitem__(i, output[0] if isinstance(output, tuple) else output))
-            for i, layer in enumerate(self.target.model.layers)]
-        try:
-            self.target.model(input_ids=torch.tensor([committed]))
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return torch.cat([outputs[i][0] for i in self.config["dflash_config"]["target_layer_ids"]], dim=-1)
+        outputs, _ = transformers_layer_outputs(self.target, committed)
+        return torch.cat([outputs[i] for i in self.config["dflash_config"]["target_layer_ids"]], dim=-1)
 
     def _layer(self, p: str, x: torch.Tensor, context: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         c, w = self.config, self.w

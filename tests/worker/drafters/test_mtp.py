@@ -20,6 +20,7 @@ from tests.support.tiny_drafters import (
     one_torch_thread,
     read_config,
     speculation_checkpoints,
+    transformers_layer_outputs,
     write_random_mtp,
 )
 from worker.drafters.base import DrafterError
@@ -166,14 +167,8 @@ class Reference:
         return first_logits, drafts
 
     def _target_hidden(self, committed: list[int]) -> torch.Tensor:
-        captured = {}
-        hook = self.target.model.layers[-1].register_forward_hook(
-            lambda module, args, output: captured.setdefault("last", output[0] if isinstance(output, tuple) else output))
-        try:
-            out = self.target.model(input_ids=torch.tensor([committed]))
-        finally:
-            hook.remove()
-        return (out.last_hidden_state if self.hidden_source == "post_norm" else captured["last"])[0]
+        layers, final = transformers_layer_outputs(self.target, committed)
+        return final if self.hidden_source == "post_norm" else layers[len(layers) - 1]
 
     def _head(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         t = self.tensors
