@@ -52,6 +52,7 @@ def draft_options(args: argparse.Namespace):
 
 def run_generate(args: argparse.Namespace) -> int:
     from worker.engine.generate import generate
+    from shared.settings import WorkerSettings
     from worker.serving_model import load_serving_model
 
     params = SamplingParams(
@@ -59,7 +60,7 @@ def run_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, seed=args.seed, stop=list(args.stop),
     )
     served = load_serving_model(args.model, args.speculation, draft_options(args), args.dtype,
-                                num_threads=args.threads)
+                                num_threads=args.threads, cache_dir=WorkerSettings().cache_dir)
     if args.chat:
         prompt_ids = served.encode_chat([{"role": "user", "content": args.prompt}])
     else:
@@ -127,7 +128,8 @@ def load_worker_model(settings):
     model = None if settings.model == DEFAULT_MODEL_NAME else settings.model
     options = DraftOptions(draft=Path(settings.draft) if settings.draft else None, tree_budget=settings.tree_budget)
     dtype = "float32" if settings.dtype == "auto" else settings.dtype
-    return load_serving_model(model, settings.speculation, options, dtype, max_context=settings.max_context)
+    return load_serving_model(model, settings.speculation, options, dtype, max_context=settings.max_context,
+                              cache_dir=settings.cache_dir)
 
 
 async def _serve_until_signalled(service) -> None:

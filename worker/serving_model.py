@@ -44,10 +44,11 @@ class ServingModel:
 
 def load_serving_model(model: str | Path | None = None, speculation: str = "none",
                        options: DraftOptions | None = None, dtype: str = "float32",
-                       max_context: int | None = None, num_threads: int | None = None) -> ServingModel:
+                       max_context: int | None = None, num_threads: int | None = None,
+                       cache_dir: Path | None = None) -> ServingModel:
     if num_threads:
         torch.set_num_threads(num_threads)
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, cache_dir=cache_dir)
     options = options or DraftOptions()
     drafter = load_drafter(speculation, loaded, options)
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)

@@ -31,7 +31,8 @@ class LoadedModel:
         return self.checkpoint.tokenizer
 
 
-def read_checkpoint(path: str | Path | None) -> Checkpoint:
+def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None) -> Checkpoint:
+    """`cache_dir` keeps converted GGUF weights (a 5 s dequantization becomes a 0.1 s read)."""
     if path is None:
         from worker.models.default_model import default_model_path
 
@@ -46,21 +47,29 @@ def read_checkpoint(path: str | Path | None) -> Checkpoint:
     if path.suffix == ".gguf":
         from worker.models.gguf_loader import load_gguf_checkpoint
 
-        return load_gguf_checkpoint(path)
+        return load_gguf_checkpoint(path, cache_dir)
     raise CheckpointError(f"model path {path} is neither a Hugging Face folder nor a .gguf file")
 
 
 def load_model(path: str | Path | None = None, dtype: str | torch.dtype = torch.float32,
-               device: str = "cpu") -> LoadedModel:
-    checkpoint = read_checkpoint(path)
+               device: str = "cpu", cache_dir: Path | None = None) -> LoadedModel:
+    checkpoint = read_checkpoint(path, cache_dir)
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     config = ModelConfig.from_hf(checkpoint.config)
     decoder = build_decoder(config, checkpoint.tensors, dtype, device)
     owned = set(decoder.state_dict())
     extras = {name: tensor for name, tensor in checkpoint.tensors.items() if name not in owned}
     checkpoint.tensors = {}
-    name = Path(checkpoint.source).stem if checkpoint.source.endswith(".gguf") else Path(checkpoint.source).name
+    name = _model_name(path, checkpoint.source)
     return LoadedModel(name=name, decoder=decoder, checkpoint=checkpoint, extra_tensors=extras)
+
+
+def _model_name(path: str | Path | None, source: str) -> str:
+    if path is None:
+        from worker.models.default_model import DEFAULT_MODEL_NAME
+
+        return DEFAULT_MODEL_NAME
+    return Path(source).stem if source.endswith(".gguf") else Path(source).name
 
 
 def build_decoder(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
