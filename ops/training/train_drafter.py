@@ -61,6 +61,8 @@ def run_train(args: argparse.Namespace) -> int:
             progress.write(f"update {stop}: held-out tokens/forward {state['evals'][-1][1]:.3f}")
         torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}, args.out / "checkpoint.pt")
     progress.close()
+    if not state["evals"] or state["evals"][-1][0] != state["update"]:
+        state["evals"].append((state["update"], held_out_acceptance(served, head, config.num_steps)))
     export_head(head, served, args.out / "mtp", config.num_steps)
     (args.out / "history.json").write_text(json.dumps({k: state[k] for k in ("losses", "evals", "train_s")}))
     print(f"wrote {args.out / 'mtp'}; held-out tokens/forward {state['evals'][-1][1]:.3f}")

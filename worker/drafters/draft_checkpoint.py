@@ -26,9 +26,17 @@ class DraftCheckpoint:
     source: str
 
 
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+
+
 def bundled_drafter_path(model_name: str, kind: str) -> Path | None:
-    """A drafter of `kind` ("mtp", "dflash") shipped for `model_name`; none are bundled yet."""
-    return None
+    """A drafter of `kind` ("mtp", "dflash") shipped in the package for `model_name`, if any.
+
+    Layout: worker/drafters/bundled/<model name>/<kind>/{config.json, model.safetensors};
+    `arbor train-drafter` writes exactly that folder.
+    """
+    folder = BUNDLED_DIR / model_name / kind
+    return folder if (folder / "config.json").exists() else None
 
 
 def read_draft_checkpoint(path: Path, allow_bare_file: bool = False) -> DraftCheckpoint:
