@@ -21,13 +21,16 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/arbor generate --chat --prompt "Write a haiku about speculative decoding." $(ARGS)
+	$(BIN)/arbor up $(ARGS)
 
 test: setup
 	$(BIN)/pytest -q $(ARGS)
 
 test-all: setup
 	$(BIN)/pytest -q -m "" $(ARGS)
+
+bench: setup
+	$(BIN)/arbor bench decode $(ARGS)
 
 # Debian tools the deployment tests call: docker-compose (validates compose.yaml) and promtool.
 ci-tools:

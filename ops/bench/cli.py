@@ -1,0 +1,95 @@
+"""`arbor bench decode|serving`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args
+
+from shared.settings import Speculation
+
+SPECULATION_MODES = get_args(Speculation)
+
+
+def add_bench_parser(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks: decode speed per mode, the served stack under load")
+    commands = parser.add_subparsers(dest="bench_command", required=True)
+    _add_decode_parser(commands)
+    _add_serving_parser(commands)
+
+
+def _add_decode_parser(commands) -> None:
+    parser = commands.add_parser("decode", help="decode tokens/s per speculation mode vs transformers, in process")
+    parser.add_argument("--modes", type=_modes, default=["none", "mtp", "dflash", "tree", "ngram"],
+                        help="comma-separated speculation modes (default: none,mtp,dflash,tree,ngram)")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts to decode (1..12, default 8)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt, EOS ignored")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (+1 per prompt)")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft-mtp", type=Path, default=None, help="MTP head for mode mtp")
+    parser.add_argument("--draft-dflash", type=Path, default=None, help="DFlash drafter for modes dflash and tree")
+    parser.add_argument("--assistant", default=None, help="assistant model for transformers' assisted generation")
+    parser.add_argument("--prompt-lookup-tokens", type=int, default=3,
+                        help="transformers' prompt_lookup_num_tokens (default 3, Arbor ngram's chain length)")
+    parser.add_argument("--no-transformers", action="store_true", help="skip the transformers contenders")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _add_common(parser)
+    parser.set_defaults(handler=_run_decode)
+
+
+def _add_serving_parser(commands) -> None:
+    parser = commands.add_parser("serving", help="the real stack (Redis, gateway, workers) under streaming clients")
+    parser.add_argument("--workers", default="1,2", help="worker counts: the first serves the sweep, "
+                        "the others are compared with it at the highest concurrency (default 1,2)")
+    parser.add_argument("--concurrency", default="1,4,16,64", help="concurrent clients per level (default 1,4,16,64)")
+    parser.add_argument("--requests-per-level", type=int, default=None,
+                        help="requests per level (default: 2 × concurrency, at least 8)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request, EOS ignored")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--speculation", choices=SPECULATION_MODES, default="none",
+                        help="the workers' mode (default none)")
+    parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp, dflash or tree")
+    parser.add_argument("--compare-requests", type=int, default=6,
+                        help="sequential requests for gateway vs in-process generate (0 skips it; default 6)")
+    parser.add_argument("--worker-threads", type=int, default=None,
+                        help="torch threads per worker and in process (OMP_NUM_THREADS; default: torch's choice)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers to load")
+    parser.add_argument("--level-timeout", type=float, default=900.0, help="seconds one load level may take")
+    _add_common(parser)
+    parser.set_defaults(handler=_run_serving)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
+
+
+def _modes(text: str) -> list[str]:
+    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
+    unknown = [mode for mode in modes if mode not in SPECULATION_MODES]
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(f"--modes={text!r}: choose from {','.join(SPECULATION_MODES)}")
+    return modes
+
+
+def _run_decode(args: argparse.Namespace) -> int:
+    from ops.bench.decode import run_decode_command
+
+    return run_decode_command(_default_model_as_none(args))
+
+
+def _run_serving(args: argparse.Namespace) -> int:
+    from ops.bench.serving import run_serving_command
+
+    return run_serving_command(_default_model_as_none(args))
+
+
+def _default_model_as_none(args: argparse.Namespace) -> argparse.Namespace:
+    """`--model SmolLM2-135M-Instruct` means the bundled GGUF, as it does for `arbor worker`."""
+    from worker.models.default_model import DEFAULT_MODEL_NAME
+
+    if args.model == DEFAULT_MODEL_NAME:
+        args.model = None
+    return args

@@ -1,0 +1,133 @@
+"""The real stack for `arbor bench serving`: a private Redis, `arbor gateway` and N `arbor worker` processes.
+
+Started like `arbor up` starts them (each in its own session, so a terminal Ctrl-C reaches only
+the benchmark, which then stops them in order), with each process's output in a log file in the
+results folder, so the progress bar stays readable. Always an embedded Redis: a benchmark never
+writes into a Redis it did not start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ops.embedded_redis import EmbeddedRedis
+from ops.up import _served_name, _stop_all
+
+POLL_S = 0.5
+LOG_TAIL_CHARS = 1500
+
+
+class StackError(RuntimeError):
+    """A process of the stack exited or never became ready; the message carries its log's tail."""
+
+
+class Stack:
+    def __init__(self, log_dir: Path, model: str | None, speculation: str, draft: str | None, dtype: str,
+                 worker_threads: int | None, ready_timeout_s: float) -> None:
+        self.log_dir = log_dir
+        self.model_name = _served_name(model)
+        self._worker_argv = ["worker", "--speculation", speculation,
+                             "--prefill-cache-bytes", "0"]  # repeated prompts must not become cache hits
+        self._worker_argv += ["--model", model] if model else []
+        self._worker_argv += ["--draft", draft] if draft else []
+        self._dtype = dtype
+        self._worker_threads = worker_threads
+        self._ready_timeout_s = ready_timeout_s
+        self._redis: EmbeddedRedis | None = None
+        self._gateway: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self._logs: dict[int, Path] = {}
+        self.base_url = ""
+
+    def start(self, num_workers: int) -> Stack:
+        self._redis = EmbeddedRedis().start()
+        port = _free_loopback_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self._gateway = self._spawn(["gateway", "--host", "127.0.0.1", "--port", str(port)], "gateway")
+        self.add_workers(num_workers)
+        return self
+
+    def add_workers(self, count: int) -> None:
+        for _ in range(count):
+            self.workers.append(self._spawn(self._worker_argv, f"worker-{len(self.workers) + 1}"))
+        self._wait_ready(len(self.workers))
+
+    def remove_workers(self, count: int) -> None:
+        """SIGTERM drains the newest workers; their heartbeats go with them."""
+        leaving, self.workers = self.workers[len(self.workers) - count:], self.workers[: len(self.workers) - count]
+        _stop_all(leaving)
+
+    def stop(self) -> None:
+        _stop_all([process for process in [self._gateway, *self.workers] if process is not None])
+        self.workers, self._gateway = [], None
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
+        assert self._redis is not None
+        env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype)
+        if self._worker_threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self._worker_threads)
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen([sys.executable, "-m", "ops.cli", *argv], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self._logs[process.pid] = log_path
+        return process
+
+    def _wait_ready(self, num_workers: int) -> None:
+        deadline = time.monotonic() + self._ready_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if self.ready_workers() >= num_workers:
+                return
+            time.sleep(POLL_S)
+        raise StackError(f"{num_workers} worker(s) not ready after {self._ready_timeout_s:.0f} s "
+                         f"(logs in {self.log_dir})")
+
+    def ready_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as error:  # 503 until a worker is ready; the body still lists them
+            body = json.loads(error.read() or b"{}")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+            return 0
+        return sum(1 for worker in body.get("workers", []) if worker.get("ready"))
+
+    def _check_alive(self) -> None:
+        for process in [self._gateway, *self.workers]:
+            if process is not None and process.poll() is not None:
+                tail = self._logs[process.pid].read_text(errors="replace")[-LOG_TAIL_CHARS:]
+                name = self._logs[process.pid].stem
+                raise StackError(f"{name} exited with {process.returncode} (log {self._logs[process.pid]}):\n{tail}")
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def raise_keyboard_interrupt_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, through the `finally` that stops the stack."""
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

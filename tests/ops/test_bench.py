@@ -1,0 +1,84 @@
+"""`arbor bench` end to end on a tiny random model: files written, ratios computed, losslessness
+checked, a real stack served without errors. No timings are asserted: they belong in the reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ops.bench.client import latency_ms
+from ops.bench.results import percentile
+from ops.cli import main
+from tests.support.tiny_drafters import one_torch_thread
+from tests.support.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("bench") / "tiny-qwen3")
+
+
+def test_percentile_interpolates_between_closest_ranks():
+    assert percentile([40, 10, 30, 20], 50) == 25.0
+    assert percentile([10, 20, 30, 40], 99) == pytest.approx(39.7)
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
+    assert latency_ms([0.010, 0.020]) == {"p50": 15.0, "p99": 19.9, "n": 2}
+
+
+def test_bench_decode_writes_reports_with_ratios_and_a_passing_lossless_check(tiny_model, tmp_path, capsys):
+    argv = ["bench", "decode", "--model", str(tiny_model), "--modes", "none,ngram", "--prompts", "2",
+            "--max-tokens", "8", "--out", str(tmp_path)]
+    with one_torch_thread():
+        assert main(argv) == 0
+    assert {"decode.json", "decode.md", "decode.png"} <= {path.name for path in tmp_path.iterdir()}
+    assert (tmp_path / "decode.png").read_bytes().startswith(b"\x89PNG")
+    report = json.loads((tmp_path / "decode.json").read_text())
+    contenders = {c["name"]: c for c in report["contenders"]}
+    assert {"arbor none", "arbor ngram", "transformers generate"} <= set(contenders)
+    assert report["baseline"] == "arbor none" and contenders["arbor none"]["ratio_to_baseline"] == 1.0
+    for contender in contenders.values():
+        assert contender["tokens"] == 2 * 8
+        assert contender["ratio_to_baseline"] > 0 and contender["wall_ratio_to_baseline"] > 0
+    assert contenders["arbor none"]["tokens_per_forward"] == 1.0
+    assert report["lossless"]["compared"] and report["lossless"]["identical"] is True
+    assert report["lossless"]["modes"] == ["none", "ngram"]
+    assert report["transformers_agreement"]["num_prompts"] == 2
+    assert any(item["name"] == "transformers assistant" for item in report["unavailable"])
+    markdown = (tmp_path / "decode.md").read_text()
+    assert "| arbor ngram |" in markdown and "token ids identical to `none` for ngram" in markdown
+    assert "| arbor ngram |" in capsys.readouterr().out
+
+
+def test_bench_decode_reports_a_missing_drafter_as_unavailable(tiny_model, tmp_path):
+    argv = ["bench", "decode", "--model", str(tiny_model), "--modes", "none,dflash", "--prompts", "1",
+            "--max-tokens", "2", "--no-transformers", "--out", str(tmp_path)]
+    with one_torch_thread():
+        assert main(argv) == 0
+    report = json.loads((tmp_path / "decode.json").read_text())
+    (missing,) = report["unavailable"]
+    assert missing["name"] == "arbor dflash" and "--draft" in missing["reason"] and "\n" not in missing["reason"]
+    assert [c["name"] for c in report["contenders"]] == ["arbor none"]
+
+
+def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_model, tmp_path):
+    argv = ["bench", "serving", "--model", str(tiny_model), "--workers", "1", "--concurrency", "1,2",
+            "--requests-per-level", "2", "--max-tokens", "8", "--compare-requests", "1", "--worker-threads", "1",
+            "--ready-timeout", "120", "--level-timeout", "60", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert {"serving.json", "serving.md", "serving.png", "gateway.log", "worker-1.log"} <= {
+        path.name for path in tmp_path.iterdir()}
+    report = json.loads((tmp_path / "serving.json").read_text())
+    assert report["total_errors"] == 0
+    assert [level["concurrency"] for level in report["sweep"]] == [1, 2]
+    for level in report["sweep"]:
+        assert level["ok"] == 2 and level["errors"] == 0
+        assert level["output_tokens_per_s"] > 0 and level["requests_per_s"] > 0
+        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            assert level[key]["p50"] is not None and level[key]["p99"] >= level[key]["p50"]
+    comparison = report["comparison"]
+    assert comparison["gateway"]["ok"] == comparison["in_process"]["ok"] == 1
+    assert comparison["tokens_per_s_ratio"] > 0 and comparison["added_ttft_p50_ms"] is not None
+    assert report["scaling"] == []  # one worker count: nothing to scale against
+    assert "| 2 | 2 | 0 |" in (tmp_path / "serving.md").read_text()
