@@ -40,7 +40,7 @@ from worker.drafters.draft_checkpoint import (
 from worker.engine.sequence import Sequence
 from worker.models.checkpoint import CheckpointError
 from worker.models.config import ModelConfig
-from worker.models.decoder import MLP, Attention, RMSNorm, grouped_attention
+from worker.models.decoder import DecoderLayer, RMSNorm, grouped_attention
 from worker.models.kv_cache import KVCache
 from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.speculation.tree import DraftTree, build_best_first_tree
@@ -57,15 +57,8 @@ class DFlashSpec:
     target_layer_ids: tuple[int, ...]
 
 
-class DFlashLayer(nn.Module):
-    """A Qwen3 decoder layer whose attention also sees precomputed context K/V."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+class DFlashLayer(DecoderLayer):
+    """A Qwen3 decoder layer (same tensors) whose attention also sees precomputed context K/V."""
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, rotated) and V of x: [kv_heads, T, head_dim] each."""
