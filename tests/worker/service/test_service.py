@@ -108,18 +108,18 @@ def test_a_second_request_with_the_same_system_prompt_hits_the_prefill_cache(red
     assert events[-1].stats.accepted_tokens == cold.stats.accepted_tokens  # the drafter lost nothing
 
 
-def test_cancel_mid_generation_frees_the_lane_before_its_next_step(redis_server, client, served_none):
+def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client, served_none):
+    # "Before its next step" is pinned without timing in test_owner/test_scheduler; here the cancel
+    # travels through Redis, so how many steps run meanwhile depends on the machine's load.
     with InProcessWorker(service_config(redis_server.url), served_none) as worker:
         request_id = submit(client, chat_body("Tell me a long story", max_tokens=400))
         wait_for(lambda: len(events_of(client, request_id)) >= 3, 30, "a few deltas")
         client.set(keys.cancel_key(request_id), "1", ex=60)
         client.publish(keys.CONTROL_CHANNEL, CancelMessage(id=request_id).model_dump_json())
-        cancelled_at = len(events_of(client, request_id))
-        events = wait_done(client, request_id, timeout_s=10)
+        events = wait_done(client, request_id, timeout_s=30)
         wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
         assert worker.service.capacity.held == 0
         assert events[-1].finish_reason == "cancelled"
-        assert len(events) - cancelled_at <= 3, "at most the steps already under way"
         assert len(token_ids_of(events)) < 400
         after = submit(client, chat_body("Still there?", max_tokens=4))
         assert isinstance(wait_done(client, after)[-1], FinalEvent)
