@@ -14,9 +14,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 from ops.embedded_redis import EmbeddedRedis
+from shared.settings import DEFAULT_MODEL_NAME, served_model_name
 
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 40.0
@@ -56,7 +56,7 @@ def run_up(args: argparse.Namespace) -> int:
         url = f"http://{args.host}:{args.port}"
         if not _wait_healthy(url, children, args.ready_timeout, lambda: stopping):
             return 1
-        _announce(url, args.workers, _served_name(args.model))
+        _announce(url, args.workers, served_name(args.model))
         while not stopping:
             if any(child.poll() is not None for child in children):
                 print("arbor up: a process exited; stopping the rest", file=sys.stderr)
@@ -64,7 +64,7 @@ def run_up(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        _stop_all(children)
+        stop_all(children)
         if embedded is not None:
             embedded.stop()
 
@@ -101,11 +101,9 @@ def _wait_healthy(url: str, children: list[subprocess.Popen], timeout_s: float, 
     return False
 
 
-def _served_name(model: str | None) -> str:
-    if model is None:
-        return "SmolLM2-135M-Instruct"
-    path = Path(model.rstrip("/"))
-    return path.stem if path.suffix == ".gguf" else path.name
+def served_name(model: str | None) -> str:
+    """The `model` clients send for a worker started with `--model model` (None: the default)."""
+    return DEFAULT_MODEL_NAME if model is None else served_model_name(model)
 
 
 def _announce(url: str, num_workers: int, model: str) -> None:
@@ -115,7 +113,7 @@ def _announce(url: str, num_workers: int, model: str) -> None:
           f"Ctrl-C stops everything.", flush=True)
 
 
-def _stop_all(children: list[subprocess.Popen]) -> None:
+def stop_all(children: list[subprocess.Popen]) -> None:
     """Workers first (SIGTERM = drain their lanes), then the gateway."""
     for child in reversed(children):
         if child.poll() is None:

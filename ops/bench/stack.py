@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from ops.embedded_redis import EmbeddedRedis
-from ops.up import _served_name, _stop_all
+from ops.up import served_name, stop_all
 
 POLL_S = 0.5
 LOG_TAIL_CHARS = 1500
@@ -34,7 +34,7 @@ class Stack:
     def __init__(self, log_dir: Path, model: str | None, speculation: str, draft: str | None, dtype: str,
                  worker_threads: int | None, ready_timeout_s: float) -> None:
         self.log_dir = log_dir
-        self.model_name = _served_name(model)
+        self.model_name = served_name(model)
         self._worker_argv = ["worker", "--speculation", speculation,
                              "--prefill-cache-bytes", "0"]  # repeated prompts must not become cache hits
         self._worker_argv += ["--model", model] if model else []
@@ -64,10 +64,10 @@ class Stack:
     def remove_workers(self, count: int) -> None:
         """SIGTERM drains the newest workers; their heartbeats go with them."""
         leaving, self.workers = self.workers[len(self.workers) - count:], self.workers[: len(self.workers) - count]
-        _stop_all(leaving)
+        stop_all(leaving)
 
     def stop(self) -> None:
-        _stop_all([process for process in [self._gateway, *self.workers] if process is not None])
+        stop_all([process for process in [self._gateway, *self.workers] if process is not None])
         self.workers, self._gateway = [], None
         if self._redis is not None:
             self._redis.stop()

