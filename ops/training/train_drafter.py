@@ -1,28 +1,36 @@
-"""`arbor train-drafter --kind mtp`: the reproducible pipeline behind the bundled MTP head.
+"""`arbor train-drafter --kind mtp|dflash`: the reproducible pipeline behind the bundled drafters.
 
-Stages, each cached in --out so an interrupted run resumes where it stopped:
-  1. data.pt        self-distilled answers (greedy + sampled) and standard-library text, with the
-                    target's hidden states and argmax next tokens captured once
-  2. checkpoint.pt  head + optimizer + losses + held-out acceptance, saved every --save-every updates
-  3. mtp/           the final head as config.json + model.safetensors (bf16, `mtp.*` names)
+Stages, each cached so an interrupted run resumes where it stopped:
+  1. <data-dir>/sequences.pt  token ids: the target's own answers (greedy + sampled) to the training
+                              prompts and standard-library text; shared by both kinds
+  2. <out>/data.pt            those sequences run through the target once: hidden states (final, and
+                              for dflash the layers it reads) and argmax next tokens
+  3. <out>/checkpoint.pt      drafter + optimizer + losses + held-out acceptance, every --save-every
+  4. <out>/<kind>/            the drafter as config.json + model.safetensors (bf16, real format names)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
+DFLASH_MASK_TOKEN = "<|endoftext|>"  # the drafter's mask embedding: a special token answers never contain
 
 
 def add_train_parser(subparsers) -> None:
     parser = subparsers.add_parser("train-drafter", help="train a drafter for the default model (CPU is fine)")
-    parser.add_argument("--kind", choices=["mtp"], default="mtp")
-    parser.add_argument("--out", type=Path, default=Path(".cache/train-mtp"))
+    parser.add_argument("--kind", choices=["mtp", "dflash"], default="mtp")
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default .cache/train-KIND)")
+    parser.add_argument("--data-dir", type=Path, default=Path(".cache/train-data"),
+                        help="where the self-distilled token sequences are cached (shared by both kinds)")
     parser.add_argument("--num-prompts", type=int, default=400, help="training conversations answered by the target")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--stdlib-sequences", type=int, default=200, help="teacher-forced stdlib windows")
+    parser.add_argument("--max-sequences", type=int, default=None,
+                        help="capture only this many of the sequences (a reproducible random subset)")
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--save-every", type=int, default=25)
@@ -34,86 +42,209 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ops.training.train_mtp import MtpTrainConfig, init_head, make_optimizer, train_updates, windows
     from worker.serving_model import load_serving_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out or Path(f".cache/train-{args.kind}")
+    out.mkdir(parents=True, exist_ok=True)
     served = load_serving_model(None, "none")
-    served.loaded.decoder.requires_grad_(False)  # the target is frozen; only the head learns
-    data = _data(served, args)
-    config = MtpTrainConfig()
-    train = windows(data["train"], config.max_len)
-    head = init_head(served)
-    optimizer = make_optimizer(head, config)
-    state = _resume(args.out / "checkpoint.pt", head, optimizer)
-    progress = tqdm(total=args.updates, initial=state["update"], desc="training mtp head", unit="update")
+    served.loaded.decoder.requires_grad_(False)  # the target is frozen; only the drafter learns
+    trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
+    data = _captured(served, args, out, trainer.target_layers)
+    trainer.setup(data)
+    state = _resume(out / "checkpoint.pt", trainer.model, trainer.optimizer)
+    progress = tqdm(total=args.updates, initial=state["update"], desc=f"training {args.kind}", unit="update")
     while state["update"] < args.updates:
         stop = min(args.updates, state["update"] + args.save_every)
         started = time.perf_counter()
-        state["losses"] += train_updates(head, served, train, data["vocab"], optimizer, config,
-                                         state["update"], args.updates if stop == args.updates else stop, progress)
+        state["losses"] += trainer.train(state["update"], stop, args.updates, progress)
         state["train_s"] += time.perf_counter() - started
         state["update"] = stop
         if stop % args.eval_every == 0 or stop == args.updates:
-            state["evals"].append((stop, held_out_acceptance(served, head, config.num_steps)))
+            state["evals"].append((stop, trainer.held_out_acceptance()))
             progress.write(f"update {stop}: held-out tokens/forward {state['evals'][-1][1]:.3f}")
-        torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}, args.out / "checkpoint.pt")
+        torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(), **state},
+                   out / "checkpoint.pt")
     progress.close()
     if not state["evals"] or state["evals"][-1][0] != state["update"]:
-        state["evals"].append((state["update"], held_out_acceptance(served, head, config.num_steps)))
-    export_head(head, served, args.out / "mtp", config.num_steps)
-    (args.out / "history.json").write_text(json.dumps({k: state[k] for k in ("losses", "evals", "train_s")}))
-    print(f"wrote {args.out / 'mtp'}; held-out tokens/forward {state['evals'][-1][1]:.3f}")
+        state["evals"].append((state["update"], trainer.held_out_acceptance()))
+    trainer.export(out / args.kind)
+    history = {k: state[k] for k in ("losses", "evals", "train_s")}
+    history["data"] = {"sequences": len(data["train"]), "tokens": sum(len(s.token_ids) for s in data["train"]),
+                       "train_vocabulary": len(trainer.vocab)}
+    (out / "history.json").write_text(json.dumps(history))
+    print(f"wrote {out / args.kind}; held-out tokens/forward {state['evals'][-1][1]:.3f}")
     return 0
 
 
-def _data(served, args: argparse.Namespace) -> dict:
+class MtpTrainer:
+    def __init__(self, served):
+        self.served = served
+        self.target_layers: tuple[int, ...] = ()  # the head reads the final (post-norm) hidden state
+
+    def setup(self, data: dict) -> None:
+        from ops.training.train_mtp import MtpTrainConfig, init_head, make_optimizer, training_vocabulary, windows
+
+        self.config = MtpTrainConfig()
+        self.train_data = windows(data["train"], self.config.max_len)
+        self.vocab = training_vocabulary(data["train"], self.served.loaded.config.vocab_size)
+        self.model = init_head(self.served)
+        self.optimizer = make_optimizer(self.model, self.config)
+
+    def train(self, start: int, stop: int, total: int, progress) -> list[float]:
+        from ops.training.train_mtp import train_updates
+
+        return train_updates(self.model, self.served, self.train_data, self.vocab, self.optimizer, self.config,
+                             start, stop, total, progress)
+
+    def drafter(self):
+        import copy
+
+        from worker.drafters.mtp import MtpDrafter
+
+        decoder = self.served.loaded.decoder
+        frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return MtpDrafter(frozen, decoder.config, decoder.model.embed_tokens, decoder.lm_head, "post_norm",
+                          self.config.num_steps, draft_vocab=self.vocab)
+
+    def held_out_acceptance(self) -> float:
+        return held_out_acceptance(self.served, self.drafter())
+
+    def export(self, folder: Path) -> None:
+        config = self.served.loaded.checkpoint.config
+        _save(folder, {f"mtp.{name}": t for name, t in self.model.state_dict().items()}, {
+            "architectures": ["ArborMtpHead"], "model_type": config["model_type"], "hidden_size": config["hidden_size"],
+            "num_nextn_predict_layers": 1, "mtp_hidden": "post_norm", "num_draft": self.config.num_steps,
+            "target": self.served.name,
+        }, self.vocab)
+
+
+class DFlashTrainer:
+    def __init__(self, served):
+        from ops.training.train_dflash import DFlashTrainConfig
+
+        self.served = served
+        self.config = DFlashTrainConfig()
+        self.target_layers = self.config.target_layer_ids
+        mask = served.tokenizer.token_to_id(DFLASH_MASK_TOKEN)
+        self.mask_token_id = mask if mask is not None else served.loaded.config.vocab_size - 1
+
+    def setup(self, data: dict) -> None:
+        from ops.training.train_dflash import init_model, make_optimizer
+        from ops.training.train_mtp import training_vocabulary, windows
+
+        self.train_data = windows(data["train"], self.config.max_len)
+        self.vocab = training_vocabulary(data["train"], self.served.loaded.config.vocab_size)
+        self.model = init_model(self.served, self.config)
+        self.optimizer = make_optimizer(self.model, self.config)
+
+    def train(self, start: int, stop: int, total: int, progress) -> list[float]:
+        from ops.training.train_dflash import train_updates
+
+        return train_updates(self.model, self.served, self.train_data, self.vocab, self.optimizer, self.config,
+                             self.mask_token_id, start, stop, total, progress)
+
+    def drafter(self, tree_budget: int | None = None):
+        import copy
+
+        from ops.training.train_dflash import draft_config
+        from worker.drafters.dflash import DFlashDrafter, DFlashSpec
+
+        decoder = self.served.loaded.decoder
+        frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
+        spec = DFlashSpec(self.config.block_size, self.mask_token_id, self.config.target_layer_ids)
+        return DFlashDrafter(frozen, draft_config(decoder.config, self.config), spec, decoder.model.embed_tokens,
+                             decoder.lm_head, num_draft=self.config.block_size - 1, tree_budget=tree_budget,
+                             draft_vocab=self.vocab)
+
+    def held_out_acceptance(self) -> float:
+        return held_out_acceptance(self.served, self.drafter())
+
+    def export(self, folder: Path) -> None:
+        target = self.served.loaded.checkpoint.config
+        config = self.config
+        keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "vocab_size")
+        _save(folder, dict(self.model.state_dict()), {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            **{key: target[key] for key in keep if target.get(key) is not None},
+            "num_hidden_layers": config.num_layers, "attention_bias": False, "tie_word_embeddings": False,
+            "block_size": config.block_size, "num_target_layers": target["num_hidden_layers"],
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(config.target_layer_ids),
+                              "block_size": config.block_size},
+            "target": self.served.name,
+        }, self.vocab)
+
+
+def _save(folder: Path, tensors: dict, config: dict, draft_vocab) -> None:
+    """config.json, model.safetensors (bf16) and draft_vocab.json: the tokens the drafter was trained to propose."""
+    import torch
+    from safetensors.torch import save_file
+
+    from worker.drafters.draft_vocab import write_draft_vocabulary
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({name: t.detach().to(torch.bfloat16).contiguous() for name, t in tensors.items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_draft_vocabulary(folder, draft_vocab)
+
+
+def _sequences(served, args: argparse.Namespace) -> list[list[int]]:
     import torch
 
-    from ops.training.capture import capture, self_distilled_sequences, stdlib_sequences
+    from ops.training.capture import self_distilled_sequences, stdlib_sequences
     from ops.training.prompts import training_conversations
-    from ops.training.train_mtp import training_vocabulary
 
-    path = args.out / "data.pt"
+    path = args.data_dir / "sequences.pt"
     if path.exists():
-        return torch.load(path, weights_only=False)
+        return torch.load(path)
     conversations = training_conversations()[: args.num_prompts]
     sequences = self_distilled_sequences(served, conversations, args.max_new_tokens, 16, 0.0, seed=0)
     sequences += self_distilled_sequences(served, conversations[: len(conversations) // 2], args.max_new_tokens,
                                           16, 0.7, seed=1)
     sequences += stdlib_sequences(served, args.stdlib_sequences, 256)
-    captured = capture(served, sequences)
-    data = {"train": captured, "vocab": training_vocabulary(captured, served.loaded.config.vocab_size)}
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(sequences, path)
+    return sequences
+
+
+def _captured(served, args: argparse.Namespace, out: Path, layers: tuple[int, ...]) -> dict:
+    import torch
+
+    from ops.training.capture import capture
+
+    path = out / "data.pt"
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    sequences = _sequences(served, args)
+    if args.max_sequences is not None:
+        sequences = random.Random(0).sample(sequences, min(args.max_sequences, len(sequences)))
+    data = {"train": capture(served, sequences, layers)}
     torch.save(data, path)
     return data
 
 
-def _resume(path: Path, head, optimizer) -> dict:
+def _resume(path: Path, model, optimizer) -> dict:
     import torch
 
     if not path.exists():
         return {"update": 0, "losses": [], "evals": [], "train_s": 0.0}
     saved = torch.load(path, weights_only=False)
-    head.load_state_dict(saved.pop("head"))
+    model.load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     return saved
 
 
-def held_out_acceptance(served, head, num_draft: int, max_tokens: int = 64) -> float:
-    """Tokens per target forward of greedy MTP drafting on the held-out prompts (never trained on)."""
-    import copy
-
+def held_out_acceptance(served, drafter, max_tokens: int = 64) -> float:
+    """Tokens per target forward of greedy drafting on held-out prompts (never trained on)."""
     from ops.training.prompts import held_out_conversations
     from shared.sampling import SamplingParams
-    from worker.drafters.mtp import MtpDrafter
     from worker.engine.generate import generate
     from worker.engine.runner import ModelRunner
 
     decoder = served.loaded.decoder
-    frozen = copy.deepcopy(head).eval().requires_grad_(False)
-    drafter = MtpDrafter(frozen, decoder.config, decoder.model.embed_tokens, decoder.lm_head, "post_norm", num_draft)
     runner = ModelRunner(decoder, served.loaded.checkpoint.eos_token_ids, drafter)
     generated = forwards = 0
     for messages in held_out_conversations()[:6]:
@@ -121,18 +252,3 @@ def held_out_acceptance(served, head, num_draft: int, max_tokens: int = 64) -> f
         generated += result.stats.generated_tokens
         forwards += result.stats.target_forwards
     return generated / forwards
-
-
-def export_head(head, served, folder: Path, num_draft: int) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {f"mtp.{name}": t.detach().to(torch.bfloat16).contiguous() for name, t in head.state_dict().items()}
-    save_file(tensors, str(folder / "model.safetensors"))
-    config = served.loaded.checkpoint.config
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["ArborMtpHead"], "model_type": config["model_type"], "hidden_size": config["hidden_size"],
-        "num_nextn_predict_layers": 1, "mtp_hidden": "post_norm", "num_draft": num_draft,
-        "target": served.name,
-    }, indent=2))

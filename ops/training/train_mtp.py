@@ -33,7 +33,12 @@ from worker.models.rope import RotaryEmbedding, apply_rotary
 class MtpTrainConfig:
     num_steps: int = 3  # chain depth trained (and drafted by default)
     step_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
-    lr: float = 2e-3
+    # Per step: soft cross-entropy against the target's full distribution (its logits at the same
+    # position, over the training vocabulary), plus `feature_weight` x smooth-L1 between the head's
+    # output and the target's own hidden state there (EAGLE's feature loss: the head's output is fed
+    # back as the next step's hidden input, so it should live where the target's hidden states live).
+    feature_weight: float = 1.0
+    lr: float = 1e-3
     weight_decay: float = 0.01
     sequences_per_update: int = 8
     max_len: int = 320  # longer sequences are cut into windows
@@ -45,6 +50,7 @@ def init_head(served) -> MtpHead:
     config = decoder.config
     head = MtpHead(config)
     head.layers[0].load_state_dict(decoder.model.layers[-1].state_dict())
+    head.norm.load_state_dict(decoder.model.norm.state_dict())  # outputs start on the lm_head's scale
     hidden = config.hidden_size
     with torch.no_grad():
         head.fc.weight.zero_()
@@ -53,32 +59,32 @@ def init_head(served) -> MtpHead:
     return head.float().train()
 
 
-def training_vocabulary(sequences: list[CapturedSequence], vocab_size: int, extra: int = 4096) -> torch.Tensor:
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
+def training_vocabulary(sequences: list[CapturedSequence], vocab_size: int, extra: int = 512) -> torch.Tensor:
+    """Every token the target ever predicts in the data, plus the `extra` most frequent input tokens.
+
+    The softmax over this subset (~8k of 49k tokens here) costs a sixth of the full head, and tokens
+    the target never predicts carry almost no probability for the drafter either.
+    """
+    predicted = torch.zeros(vocab_size, dtype=torch.int64)
+    seen = torch.zeros(vocab_size, dtype=torch.int64)
     for sequence in sequences:
-        counts += torch.bincount(sequence.target_next, minlength=vocab_size)
-        counts += torch.bincount(sequence.token_ids, minlength=vocab_size)
-    used = (counts > 0).nonzero().flatten()
-    top = counts.topk(min(vocab_size, len(used) + extra)).indices
-    return torch.unique(torch.cat([used, top]))
+        predicted += torch.bincount(sequence.target_next, minlength=vocab_size)
+        seen += torch.bincount(sequence.token_ids, minlength=vocab_size)
+    return torch.unique(torch.cat([(predicted > 0).nonzero().flatten(), seen.topk(min(extra, vocab_size)).indices]))
 
 
-def chain_losses(head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
-                 vocab: torch.Tensor, vocab_index: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
+def chain_hidden(head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
+                 num_steps: int) -> list[torch.Tensor]:
+    """The head's normed outputs g_s [n, hidden] for every chain start t < n = T - num_steps, per step."""
     decoder = served.loaded.decoder
-    ids, labels = sequence.token_ids, sequence.target_next
+    ids = sequence.token_ids
     n = ids.shape[0] - num_steps
-    if n < 2:
-        return []
     layer = head.layers[0]
     attn = layer.self_attn
-    lm_weight = decoder.lm_head.weight[vocab]  # [train_vocab, hidden]
     hidden = sequence.final_hidden[:n].float()
-    keys, values, losses = [], [], []
+    keys, values, outputs = [], [], []
     for step in range(num_steps):
-        tokens = ids[step + 1 : step + 1 + n]
-        targets = vocab_index[labels[step + 1 : step + 1 + n]]
-        embedded = head.pre_fc_norm_embedding(decoder.model.embed_tokens(tokens))
+        embedded = head.pre_fc_norm_embedding(decoder.model.embed_tokens(ids[step + 1 : step + 1 + n]).float())
         x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [n, hidden]
         h = layer.input_layernorm(x)
         q = attn.q_proj(h).view(n, attn.num_heads, attn.head_dim)
@@ -94,7 +100,33 @@ def chain_losses(head: MtpHead, served, rotary: RotaryEmbedding, sequence: Captu
         x = x + attn.o_proj(out.transpose(0, 1).reshape(n, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = head.norm(x)  # g_s: the next step's hidden input, as the drafter feeds it back
-        losses.append(F.cross_entropy(hidden @ lm_weight.T, targets))
+        outputs.append(hidden)
+    return outputs
+
+
+def chain_losses(head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
+                 vocab: torch.Tensor, vocab_index: torch.Tensor, num_steps: int,
+                 feature_weight: float = 1.0, stats: dict | None = None) -> list[torch.Tensor]:
+    """One loss per chain step over every start position of `sequence` (see the module docstring)."""
+    n = sequence.token_ids.shape[0] - num_steps
+    if n < 2:
+        return []
+    lm_weight = served.loaded.decoder.lm_head.weight[vocab]  # [train_vocab, hidden]
+    losses = []
+    for step, hidden in enumerate(chain_hidden(head, served, rotary, sequence, num_steps)):
+        target_hidden = sequence.final_hidden[step + 1 : step + 1 + n].float()  # h_{t+s}: it predicted the label
+        logits = hidden @ lm_weight.T
+        with torch.no_grad():
+            target_probs = torch.softmax(target_hidden @ lm_weight.T, dim=-1)
+        loss = F.cross_entropy(logits, target_probs)
+        if feature_weight:
+            loss = loss + feature_weight * F.smooth_l1_loss(hidden, target_hidden)
+        losses.append(loss)
+        if stats is not None:
+            targets = vocab_index[sequence.target_next[step + 1 : step + 1 + n]]
+            hits = (logits.detach().argmax(-1) == targets).sum().item()
+            stats.setdefault("hits", [0] * num_steps)[step] += hits
+            stats.setdefault("count", [0] * num_steps)[step] += n
     return losses
 
 
@@ -109,7 +141,8 @@ def windows(sequences: list[CapturedSequence], max_len: int) -> list[CapturedSeq
     for s in sequences:
         for start in range(0, len(s.token_ids), max_len):
             stop = start + max_len
-            out.append(CapturedSequence(s.token_ids[start:stop], s.final_hidden[start:stop], None,
+            layers = s.layer_hidden[start:stop] if s.layer_hidden is not None else None
+            out.append(CapturedSequence(s.token_ids[start:stop], s.final_hidden[start:stop], layers,
                                         s.target_next[start:stop]))
     return out
 
@@ -126,20 +159,21 @@ def lr_at(step: int, total: int, base: float, warmup: int = 20) -> float:
 
 def train_updates(head: MtpHead, served, data: list[CapturedSequence], vocab: torch.Tensor,
                   optimizer: torch.optim.Optimizer, config: MtpTrainConfig, start_update: int,
-                  num_updates: int, progress) -> list[float]:
-    """Run updates [start_update, num_updates); returns the mean loss of each."""
+                  stop_update: int, total_updates: int, progress) -> list[float]:
+    """Run updates [start_update, stop_update) of a cosine schedule over total_updates; mean loss of each."""
     rotary = RotaryEmbedding(served.loaded.decoder.config, torch.float32)
     vocab_index = torch.full((served.loaded.decoder.config.vocab_size,), 0, dtype=torch.int64)
     vocab_index[vocab] = torch.arange(len(vocab))
-    rng = random.Random(start_update)
     history = []
-    for update in range(start_update, num_updates):
+    for update in range(start_update, stop_update):
+        rng = random.Random(update)  # resumable: the same update always sees the same sequences
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(update, num_updates, config.lr)
+            group["lr"] = lr_at(update, total_updates, config.lr)
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for sequence in rng.sample(data, config.sequences_per_update):
-            losses = chain_losses(head, served, rotary, sequence, vocab, vocab_index, config.num_steps)
+            losses = chain_losses(head, served, rotary, sequence, vocab, vocab_index, config.num_steps,
+                                  config.feature_weight)
             if not losses:
                 continue
             loss = sum(w * l for w, l in zip(config.step_weights, losses)) / config.sequences_per_update

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from worker.drafters.base import DrafterError, TargetStates
+from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.drafters.draft_checkpoint import (
     DraftCheckpoint,
     bundled_drafter_path,
@@ -106,9 +107,11 @@ class DFlashDrafter:
     wants_final_hidden = False
 
     def __init__(self, model: DFlashModel, config: ModelConfig, spec: DFlashSpec, embed_tokens: nn.Embedding,
-                 lm_head: nn.Linear, num_draft: int, tree_budget: int | None = None, tree_top_k: int = 4):
+                 lm_head: nn.Linear, num_draft: int, tree_budget: int | None = None, tree_top_k: int = 4,
+                 draft_vocab: torch.Tensor | None = None):
         self.model, self.config, self.spec = model, config, spec
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
+        self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
         self.hidden_layers = spec.target_layer_ids
         self.num_draft = min(num_draft, spec.block_size - 1)
         self.tree_budget, self.tree_top_k = tree_budget, tree_top_k
@@ -136,13 +139,13 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def propose(self, state: DFlashState, sequence: Sequence) -> DraftTree | None:
-        logits = self.block_logits(state, sequence.root_token)  # [block_size - 1, vocab]
+        logits = self.block_logits(state, sequence.root_token)  # [block_size - 1, draft vocab]
         if self.tree_budget is None:
-            return DraftTree.chain(logits[: self.num_draft].argmax(dim=-1).tolist())
+            return DraftTree.chain(self.vocabulary.to_target(logits[: self.num_draft].argmax(dim=-1)).tolist())
         return build_best_first_tree(self._candidates(logits), self.tree_budget)
 
     def block_logits(self, state: DFlashState, root_token: int) -> torch.Tensor:
-        """Draft logits [block_size - 1, vocab] for the positions after the root."""
+        """Draft logits [block_size - 1, draft vocab] for the positions after the root."""
         cache, spec = state.cache, self.spec
         start = cache.length
         device = self.lm_head.weight.device
@@ -152,15 +155,16 @@ class DFlashDrafter:
         x = self.embed_tokens(token_ids)  # [block_size, hidden]
         for index, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache.keys[index], cache.values[index], start)
-        return self.lm_head(self.model.norm(x[1:]))
+        return self.vocabulary.logits(self.model.norm(x[1:]))
 
     def _candidates(self, logits: torch.Tensor) -> list[list[tuple[int, float]]]:
         """Per depth, the top-k (token, logprob) pairs, best first."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # [depth, vocab]
         top = torch.topk(logprobs, min(self.tree_top_k, logprobs.shape[-1]), dim=-1)
+        token_ids = self.vocabulary.to_target(top.indices)
         return [
-            [(token, min(logprob, 0.0)) for token, logprob in zip(ids, values)]
-            for ids, values in zip(top.indices.tolist(), top.values.tolist())
+            [(token, min(logprob, 0.0)) for token, logprob in zip(tokens, values)]
+            for tokens, values in zip(token_ids.tolist(), top.values.tolist())
         ]
 
     def state_bytes(self, state: DFlashState) -> int:
@@ -186,6 +190,7 @@ class DFlashDrafter:
 def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -> DFlashDrafter:
     mode = "tree" if tree else "dflash"
     checkpoint = read_draft_checkpoint(_find_dflash_path(model, options, mode))
+    draft_vocab = read_draft_vocabulary(checkpoint.folder, model.config.vocab_size)
     target = model.config
     spec = parse_dflash_spec(checkpoint, target)
     config = _draft_model_config(checkpoint, target)
@@ -197,7 +202,7 @@ def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -
     return DFlashDrafter(
         drafter_model, config, spec, decoder.model.embed_tokens, decoder.lm_head,
         num_draft=options.num_draft or spec.block_size - 1,
-        tree_budget=options.tree_budget if tree else None, tree_top_k=options.tree_top_k,
+        tree_budget=options.tree_budget if tree else None, tree_top_k=options.tree_top_k, draft_vocab=draft_vocab,
     )
 
 

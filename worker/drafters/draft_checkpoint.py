@@ -24,6 +24,7 @@ class DraftCheckpoint:
     config: dict  # the drafter's config.json ({} for a bare .safetensors file)
     tensors: dict[str, torch.Tensor]
     source: str
+    folder: Path | None = None  # where optional side files (draft_vocab.json) live
 
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
@@ -47,7 +48,7 @@ def read_draft_checkpoint(path: Path, allow_bare_file: bool = False) -> DraftChe
         if not (allow_bare_file and path.suffix == ".safetensors"):
             raise DrafterError(f"drafter path {path} is not a folder with config.json and model.safetensors")
         return DraftCheckpoint({}, _read_safetensors(path), str(path))
-    return DraftCheckpoint(_read_config(path / "config.json"), _read_folder_tensors(path), str(path))
+    return DraftCheckpoint(_read_config(path / "config.json"), _read_folder_tensors(path), str(path), path)
 
 
 def _read_config(path: Path) -> dict:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from worker.drafters.base import DrafterError, TargetStates
+from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.drafters.draft_checkpoint import (
     DraftCheckpoint,
     bundled_drafter_path,
@@ -74,7 +75,7 @@ class MtpState:
     cache: KVCache  # one layer; slot t holds the pair (h_t, x_{t+1}) for every committed t
     target_hidden: torch.Tensor  # [max_tokens, hidden]: h_t for every committed t (prefix snapshots need it)
     next_hidden: torch.Tensor | None = None  # [hidden] normed head output for the last pair: step 1's g
-    next_logits: torch.Tensor | None = None  # [vocab] its prediction of the token after the root
+    next_logits: torch.Tensor | None = None  # [draft vocab] its prediction of the token after the root
     num_observed: int = 0  # committed tokens whose h_t is in target_hidden
 
 
@@ -82,9 +83,11 @@ class MtpDrafter:
     name = "mtp"
 
     def __init__(self, head: MtpHead, target_config: ModelConfig, embed_tokens: nn.Embedding,
-                 lm_head: nn.Linear, hidden_source: str, num_draft: int = DEFAULT_NUM_DRAFT):
+                 lm_head: nn.Linear, hidden_source: str, num_draft: int = DEFAULT_NUM_DRAFT,
+                 draft_vocab: torch.Tensor | None = None):
         assert hidden_source in HIDDEN_SOURCES, hidden_source
         self.head, self.embed_tokens, self.lm_head = head, embed_tokens, lm_head
+        self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
         self.hidden_source, self.num_draft = hidden_source, num_draft
         self.cache_config = dataclasses.replace(target_config, num_hidden_layers=1)
         last_layer = target_config.num_hidden_layers - 1
@@ -110,21 +113,22 @@ class MtpDrafter:
         state.target_hidden[committed.start : committed.start + len(next_ids)] = hidden
         state.num_observed = committed.start + len(next_ids)
         state.next_hidden = out[-1]
-        state.next_logits = self.lm_head(out[-1])
+        state.next_logits = self.vocabulary.logits(out[-1])
 
     @torch.inference_mode()
     def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
         """Chain num_draft steps; steps after the first write scratch slots past the committed length."""
         if state.next_logits is None:  # nothing committed yet (a one-token prompt)
             return None
-        tokens = [int(state.next_logits.argmax())]
+        vocabulary = self.vocabulary
+        tokens = [int(vocabulary.to_target(state.next_logits.argmax()))]
         hidden = state.next_hidden
         position = state.cache.length
         device = hidden.device
         for _ in range(self.num_draft - 1):
             out = self._run(state.cache, torch.tensor([tokens[-1]], device=device), hidden[None], position)
             hidden = out[0]
-            tokens.append(int(self.lm_head(hidden).argmax()))
+            tokens.append(int(vocabulary.to_target(vocabulary.logits(hidden).argmax())))
             position += 1
         return DraftTree.chain(tokens)
 
@@ -159,7 +163,7 @@ class MtpDrafter:
         out = self._run(state.cache, token_ids, last_hidden, num_pairs)
         state.cache.commit(1)
         state.next_hidden = out[-1]
-        state.next_logits = self.lm_head(out[-1])
+        state.next_logits = self.vocabulary.logits(out[-1])
         return state
 
     def _target_hidden(self, committed: TargetStates) -> torch.Tensor:
@@ -200,8 +204,9 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
     source = _hidden_source(checkpoint, config)
+    draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
     return MtpDrafter(head, config, decoder.model.embed_tokens, decoder.lm_head, source,
-                      options.num_draft or DEFAULT_NUM_DRAFT)
+                      options.num_draft or DEFAULT_NUM_DRAFT, draft_vocab)
 
 
 def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:

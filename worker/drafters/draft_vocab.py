@@ -1,0 +1,67 @@
+"""A drafter's output vocabulary: the target's whole vocabulary, or the subset it learned to propose.
+
+Why a subset: on a small target the output head dominates a draft step. SmolLM2-135M's lm_head is
+49,152 x 576 (28M multiply-adds per row) while an MTP layer is ~3.5M, so three MTP steps over the
+full vocabulary cost ~70 % of a target forward on a memory-bound CPU. Restricting drafting to the
+tokens the target actually produces (the idea of FR-Spec, and EAGLE-3's `d2t` map) cuts that ~6x.
+The output does not change: verification still runs the full target, so a token outside the
+subset is merely never drafted, and the target emits it itself when it wants it.
+
+On disk: an optional `draft_vocab.json` next to the drafter's config.json, {"token_ids": [...]}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.drafters.base import DrafterError
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+class DraftVocabulary:
+    def __init__(self, lm_head: nn.Linear, token_ids: torch.Tensor | None = None):
+        weight, bias = lm_head.weight, lm_head.bias
+        if token_ids is not None:
+            token_ids = token_ids.to(weight.device)
+            weight = weight[token_ids].contiguous()  # a copy: ~1/6 of the head's bytes for 8k tokens
+            bias = bias[token_ids] if bias is not None else None
+        self.token_ids, self.weight, self.bias = token_ids, weight, bias
+
+    @property
+    def size(self) -> int:
+        return self.weight.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., size] logits over this vocabulary (index i is token `to_target(i)`)."""
+        return F.linear(hidden, self.weight, self.bias)
+
+    def to_target(self, indices: torch.Tensor) -> torch.Tensor:
+        """Target token ids for indices into this vocabulary."""
+        return indices if self.token_ids is None else self.token_ids[indices]
+
+
+def read_draft_vocabulary(folder: Path, target_vocab_size: int) -> torch.Tensor | None:
+    """The token ids in `folder`/draft_vocab.json, checked against the target; None without the file."""
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        token_ids = json.loads(path.read_text())["token_ids"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise DrafterError(f"{path}: expected a JSON object with a token_ids list ({error})") from error
+    if not token_ids or not all(isinstance(t, int) and 0 <= t < target_vocab_size for t in token_ids):
+        raise DrafterError(f"{path}: token_ids must be a non-empty list of token ids below the target's "
+                           f"vocab_size={target_vocab_size}")
+    if len(set(token_ids)) != len(token_ids):
+        raise DrafterError(f"{path}: token_ids has duplicates")
+    return torch.tensor(token_ids, dtype=torch.int64)
+
+
+def write_draft_vocabulary(folder: Path, token_ids: torch.Tensor) -> None:
+    (Path(folder) / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": token_ids.tolist()}) + "\n")
