@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup run generate test test-all ci-tools bench clean
+.PHONY: setup run generate test test-all test-hardening ci-tools bench clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,16 @@ test: setup
 
 test-all: setup
 	$(BIN)/pytest -q -m "" $(ARGS)
+
+# The load, fault, security and fuzz suites in full (docs/BENCHMARKS.md, "Hardening"): 2 minutes
+# of 64 streaming clients, and every property-based test at 10x its examples. `make test` runs
+# the same tests with 20 s of load and the example counts as written.
+HARDENING_TESTS := tests/e2e/test_load.py tests/e2e/test_faults.py tests/e2e/test_secrets.py \
+	tests/e2e/test_schemathesis.py tests/gateway/test_security.py tests/gateway/test_auth.py \
+	tests/gateway/test_bad_input.py tests/gateway/test_lost_jobs.py tests/worker/service \
+	tests/worker/chat tests/worker/engine/test_detokenizer.py tests/worker/engine/test_stop_strings.py
+test-hardening: setup
+	ARBOR_LOAD_SECONDS=120 ARBOR_FUZZ_SCALE=10 $(BIN)/pytest -q -m "" $(HARDENING_TESTS) $(ARGS)
 
 bench: setup
 	$(BIN)/arbor bench decode $(ARGS)

@@ -11,6 +11,8 @@ not an invariant, and unread jobs are never trimmed to enforce it.
 
 from __future__ import annotations
 
+import asyncio
+
 from redis.asyncio import Redis
 
 from gateway import errors
@@ -20,9 +22,18 @@ from shared.heartbeat import Heartbeat
 
 
 async def admit(redis: Redis, model: str, max_queue: int, retry_after_s: int) -> None:
-    """Raises ApiError when the request must be refused. Callers bound it with a timeout."""
-    check_workers(await live_workers(redis), model)
-    stats = await read_queue_stats(redis, model)
+    """Raises ApiError when the request must be refused. Callers bound it with a timeout.
+
+    The fleet and the queue are read at once (each is a few round trips): this is on every
+    request's way to its first token."""
+    fleet = asyncio.ensure_future(live_workers(redis))
+    try:
+        stats = await read_queue_stats(redis, model)
+        workers = await fleet
+    finally:  # owned here: a failure or timeout above must not leave it running, nor its error unread
+        if not fleet.cancel() and not fleet.cancelled():
+            fleet.exception()
+    check_workers(workers, model)
     if stats.depth >= max_queue:
         raise errors.queue_full(model, stats.depth, retry_after_s)
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -35,6 +35,8 @@ from shared.openai_schema import Limits
 from shared.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+
+REDIS_MAX_CONNECTIONS = 128  # per gateway process; commands queue for one beyond that
 
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -83,13 +85,21 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
 
 def connect_redis(settings: GatewaySettings) -> Redis:
-    """Connects lazily; a Redis that is down at start shows up in /health, not as a crash."""
-    return Redis.from_url(
+    """Connects lazily; a Redis that is down at start shows up in /health, not as a crash.
+
+    Every request in flight holds up to two connections at once (admission reads the fleet and
+    the queue together), and redis-py's pool fails a command at once, with MaxConnectionsError,
+    when all of its connections are out: 64 streaming clients hit that. A blocking pool makes a
+    command wait for a free connection instead, up to the Redis timeout."""
+    pool = BlockingConnectionPool.from_url(
         settings.redis_url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=settings.redis_timeout_s,
         decode_responses=True,
         socket_timeout=settings.redis_timeout_s,
         socket_connect_timeout=settings.redis_timeout_s,
     )
+    return Redis.from_pool(pool)
 
 
 def on_http_error(request: Request, exc: Exception) -> JSONResponse:

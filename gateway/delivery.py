@@ -7,9 +7,15 @@ Pub/sub may drop messages, so the reader trusts `seq`, not arrival:
     received 0, 1, (quiet for poll_s) -> LRANGE eventlog 2 -1 picks up anything published
                              but lost, e.g. a final event
     received 1 again      -> seq below next: a duplicate, dropped
+    quiet, and the job's stream entry is gone with nothing new in the log -> JobLost: workers
+                             XDEL the entry only after its last event, so that event would be
+                             there; an entry gone without one was lost (e.g. Redis restarted empty)
 
 The event log's index equals seq (the worker RPUSHes and PUBLISHes in one transaction); if that
 ever does not hold, the whole log is read and filtered by seq.
+
+`ready()` looks at what has already arrived without waiting, so a caller that fell behind can
+take several events at once (see `Generation.events`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ class ProtocolViolation(Exception):
     """The worker published something that is not a protocol event."""
 
 
+class JobLost(Exception):
+    """The job's stream entry is gone but its events stop short of its end: nothing more comes."""
+
+
 class EventReader:
     def __init__(
         self,
@@ -49,6 +59,7 @@ class EventReader:
         poll_s: float,
         timeout_s: float,  # for each Redis call
         on_repair: Callable[[int], None] = lambda num_events: None,
+        entry: tuple[str, str] | None = None,  # the job's (stream, entry id); None: no check
     ) -> None:
         self._redis = redis
         self._log_key = keys.event_log(request_id)
@@ -57,38 +68,75 @@ class EventReader:
         self._poll_s = poll_s
         self._timeout_s = timeout_s
         self._on_repair = on_repair
+        self._entry = entry
         self._next_seq = 0
         self._early: dict[int, AnyEvent] = {}  # seq -> event received ahead of a gap
+        self._gap_seen = False  # an event arrived ahead of the next one: read the log before waiting
+        self._gone = False  # DISCONNECTED was taken off the queue by ready()
 
     async def next_event(self) -> AnyEvent:
-        """The event with the next seq. Raises ClientGone, DeadlineExceeded, ProtocolViolation."""
+        """The event with the next seq.
+
+        Raises ClientGone, DeadlineExceeded, JobLost, ProtocolViolation."""
         while self._next_seq not in self._early:
+            if self._gone:
+                raise ClientGone
+            if self._gap_seen:
+                self._gap_seen = False
+                await self._read_log()
+                continue
             await self._receive()
         event = self._early.pop(self._next_seq)
         self._next_seq += 1
         return event
 
+    def ready(self) -> AnyEvent | None:
+        """The event with the next seq if it has already arrived, without taking it; never waits."""
+        while self._next_seq not in self._early and not self._gone and not self._queue.empty():
+            self._take(self._queue.get_nowait())
+        return self._early.get(self._next_seq)
+
     async def _receive(self) -> None:
         remaining_s = self._deadline - asyncio.get_running_loop().time()
         if remaining_s <= 0:
             raise DeadlineExceeded
-        try:
-            item = await asyncio.wait_for(self._queue.get(), min(self._poll_s, remaining_s))
-        except TimeoutError:
-            await self._read_log()  # quiet: maybe the next event was published and lost
-            return
+        if self._queue.empty():
+            try:
+                async with asyncio.timeout(min(self._poll_s, remaining_s)):
+                    item = await self._queue.get()
+            except TimeoutError:
+                await self._read_log_after_silence()
+                return
+        else:
+            item = self._queue.get_nowait()
+        self._take(item)
+
+    def _take(self, item: object) -> None:
         if item is DISCONNECTED:
-            raise ClientGone
+            self._gone = True
+            return
         event = _parse(item)
         self._keep(event)
         if event.seq > self._next_seq:
-            await self._read_log()
+            self._gap_seen = True
 
     def _keep(self, event: AnyEvent) -> bool:
         if event.seq < self._next_seq or event.seq in self._early:
             return False
         self._early[event.seq] = event
         return True
+
+    async def _read_log_after_silence(self) -> None:
+        """Maybe the next event was published and lost; maybe the job was. The entry is looked at
+        first: if it is gone, whatever its worker published before XDEL is in the log by now."""
+        entry_gone = self._entry is not None and not await self._entry_exists(*self._entry)
+        await self._read_log()
+        if entry_gone and self._next_seq not in self._early:
+            raise JobLost
+
+    async def _entry_exists(self, stream: str, entry_id: str) -> bool:
+        async with asyncio.timeout(self._timeout_s):
+            return bool(await self._redis.xrange(stream, entry_id, entry_id, count=1))
 
     async def _read_log(self) -> None:
         async with asyncio.timeout(self._timeout_s):

@@ -126,6 +126,10 @@ def redis_unavailable(exc: BaseException) -> ApiError:
     return ApiError(503, f"The request queue is unavailable: {type(exc).__name__}", "redis_unavailable")
 
 
+def job_lost() -> ApiError:
+    return ApiError(503, "The request was lost by the queue (did Redis restart?); send it again", "job_lost")
+
+
 def timed_out(timeout_s: float) -> ApiError:
     return ApiError(504, f"The request did not finish within {timeout_s:g} s", "timeout")
 

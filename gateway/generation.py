@@ -5,6 +5,10 @@
             ...                              # choice has its final
                                              # exit: unless finished, cancel the job; UNSUBSCRIBE
 
+`batches()` hands out every event that has already arrived at once, so a stream that fell behind
+the worker (a slow client, a busy gateway) catches up with one write for several chunks; one that
+keeps up gets each event as it arrives.
+
 Failures surface as `GenerationFailed` carrying the ApiError to send; a client that goes away
 surfaces as `ClientGone`. Either way the job is cancelled on exit.
 """
@@ -21,10 +25,18 @@ from redis.exceptions import RedisError
 
 from gateway import errors, jobs
 from gateway.accumulate import Outcome
-from gateway.delivery import DISCONNECTED, ClientGone, DeadlineExceeded, EventReader, ProtocolViolation
+from gateway.delivery import (
+    DISCONNECTED,
+    ClientGone,
+    DeadlineExceeded,
+    EventReader,
+    JobLost,
+    ProtocolViolation,
+)
 from gateway.errors import ApiError
 from gateway.middleware.disconnect import DisconnectWatch
 from gateway.services import Services
+from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job
 
 log = logging.getLogger(__name__)
@@ -76,7 +88,7 @@ class Generation:
             raise ClientGone  # nobody to answer: do not queue work
         self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
         async with asyncio.timeout(svc.settings.redis_timeout_s):
-            await jobs.enqueue(svc.redis, self.job)
+            entry_id = await jobs.enqueue(svc.redis, self.job)
         self._reader = EventReader(
             svc.redis,
             self.job.id,
@@ -85,20 +97,41 @@ class Generation:
             poll_s=svc.settings.event_poll_s,
             timeout_s=svc.settings.redis_timeout_s,
             on_repair=svc.metrics.event_repairs.inc,
+            entry=(keys.request_stream(self.job.model), entry_id),
         )
 
     async def events(self) -> AsyncIterator[DeltaEvent | FinalEvent]:
         """Deltas and finals in seq order. Raises GenerationFailed or delivery.ClientGone."""
+        async for batch in self.batches():
+            for event in batch:
+                yield event
+
+    async def batches(self) -> AsyncIterator[list[DeltaEvent | FinalEvent]]:
+        """The same events, each batch the next one (waited for) and those after it already here.
+
+        A batch stops before an error or a malformed event, so everything before it is sent first.
+        `finished` is already True when the last batch is handed out.
+        """
         unfinished = set(range(self._num_choices))
         while unfinished:
-            event = await self._next_event()
-            self.outcome.add(event)
-            self._observe(event)
-            if isinstance(event, FinalEvent):
-                unfinished.discard(event.choice)
-            yield event
-        self.finished = True
-        self._observe_finish()
+            batch = [await self._next_event()]
+            self._record(batch[-1], unfinished)
+            while unfinished and self._deliverable(self._ready()):
+                batch.append(await self._next_event())  # already here: taken without waiting
+                self._record(batch[-1], unfinished)
+            if not unfinished:
+                self.finished = True
+                self._observe_finish()
+            yield batch
+
+    def _record(self, event: DeltaEvent | FinalEvent, unfinished: set[int]) -> None:
+        self.outcome.add(event)
+        self._observe(event)
+        if isinstance(event, FinalEvent):
+            unfinished.discard(event.choice)
+
+    def _deliverable(self, event: DeltaEvent | FinalEvent | ErrorEvent | None) -> bool:
+        return isinstance(event, DeltaEvent | FinalEvent) and 0 <= event.choice < self._num_choices
 
     async def _next_event(self) -> DeltaEvent | FinalEvent:
         assert self._reader is not None, "events() outside `async with`"
@@ -106,6 +139,8 @@ class Generation:
             event = await self._reader.next_event()
         except DeadlineExceeded:
             raise self._failed(errors.timed_out(self._svc.settings.request_timeout_s)) from None
+        except JobLost:
+            raise self._failed(errors.job_lost()) from None
         except ProtocolViolation as exc:
             raise self._failed(errors.protocol_violation(str(exc))) from exc
         except _REDIS_FAILURES as exc:
@@ -115,6 +150,13 @@ class Generation:
         if not 0 <= event.choice < self._num_choices:
             raise self._failed(errors.protocol_violation(f"choice {event.choice} of {self._num_choices}"))
         return event
+
+    def _ready(self) -> DeltaEvent | FinalEvent | ErrorEvent | None:
+        assert self._reader is not None, "events() outside `async with`"
+        try:
+            return self._reader.ready()
+        except ProtocolViolation as exc:
+            raise self._failed(errors.protocol_violation(str(exc))) from exc
 
     def _failed(self, error: ApiError) -> GenerationFailed:
         self._svc.metrics.failures.labels(code=error.code).inc()

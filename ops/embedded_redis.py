@@ -2,7 +2,8 @@
 
 `arbor up` starts one when REDIS_URL is not set, and the tests start one per session. It listens
 on a unix socket in its own temp directory (nothing else on the machine can reach it) or, with
-`tcp=True`, on a free loopback port; never on another interface.
+`tcp=True`, on a free loopback port; never on another interface. With `password` it requires
+AUTH, and `url` carries the password (as REDIS_URL does in a deployment): never log `url`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def redis_server_binary() -> str:
 
 
 class EmbeddedRedis:
-    def __init__(self, tcp: bool = False, persist: bool = False) -> None:
+    def __init__(self, tcp: bool = False, persist: bool = False, password: str | None = None) -> None:
         self._tcp = tcp
         self._persist = persist  # append-only file in the temp dir (lets tests restart it with data)
+        self._password = password
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -45,14 +47,18 @@ class EmbeddedRedis:
         args = [redis_server_binary(), "--dir", str(self._dir), "--save", ""]
         args += ["--appendonly", "yes" if self._persist else "no"]
         args += ["--daemonize", "no", "--loglevel", "warning", "--logfile", str(self._dir / "redis.log")]
+        credentials = ""
+        if self._password is not None:
+            args += ["--requirepass", self._password]
+            credentials = f":{self._password}@"
         if self._tcp:
             self.port = self.port or _free_loopback_port()
             args += ["--bind", "127.0.0.1", "--port", str(self.port)]
-            self.url = f"redis://127.0.0.1:{self.port}/0"
+            self.url = f"redis://{credentials}127.0.0.1:{self.port}/0"
         else:
             sock = self._dir / "redis.sock"
             args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
-            self.url = f"unix://{sock}"
+            self.url = f"unix://{credentials}{sock}"
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_ready()
         return self

@@ -12,12 +12,14 @@ A request's life, with the Redis names from `shared.keys`:
    completion `logprobs` (top-k count), `tools`, `chat_template_kwargs`,
    `reasoning_budget_tokens()`, and `CompletionRequest.prompt_text()`. A job already past its
    `deadline` gets an `ErrorEvent` with code `deadline_exceeded`.
-3. For every event it runs ONE transaction (MULTI/EXEC), so the log, the channel and the state
-   never disagree:
+3. Every event is written atomically (a Lua script, fenced on ownership; a batch of events is
+   one script call), so the log, the channel and the state never disagree:
        RPUSH event_log(id) <json>; EXPIRE event_log(id) EVENT_LOG_TTL_S;
        PUBLISH events_channel(id) <json>; HSET job_state(id) next_seq <seq+1> ...; EXPIRE ...
    `seq` starts at 0 and is contiguous per request *across attempts*, so LRANGE index == seq.
    Pub/sub is at-most-once: the gateway repairs a gap (or silence) with LRANGE on the log.
+   A delta carries the tokens of one decode step or, when steps waited to be published, of
+   several (`merge_deltas`): readers must not count deltas as steps or tokens.
 4. Each choice ends with exactly one `FinalEvent`; an `ErrorEvent` ends the whole request.
    Afterwards the worker XACKs and XDELs the entry and DELs the job state (one transaction).
    The gateway never trims the stream, so unread jobs are never lost.
@@ -208,6 +210,52 @@ class ErrorEvent(_EventBase):
 
 Event = Annotated[DeltaEvent | FinalEvent | ErrorEvent, Field(discriminator="type")]
 _EVENT = TypeAdapter(Event)
+
+
+def merge_deltas(first: object, second: object) -> DeltaEvent | None:
+    """One delta saying what `first` then `second` say (at `first`'s seq), or None if they cannot be
+    one event: not both deltas, other choices or attempts, or logprobs in one and not the other."""
+    if not (isinstance(first, DeltaEvent) and isinstance(second, DeltaEvent)):
+        return None
+    if first.choice != second.choice or first.attempt != second.attempt:
+        return None
+    if (first.logprobs is None) != (second.logprobs is None):  # one entry per token, or none at all
+        return None
+    return first.model_copy(update={
+        "text": first.text + second.text,
+        "reasoning": first.reasoning + second.reasoning,
+        "token_ids": first.token_ids + second.token_ids,
+        "tool_calls": merge_tool_calls(first.tool_calls, second.tool_calls),
+        "logprobs": None if first.logprobs is None else first.logprobs + second.logprobs,
+    })
+
+
+def merge_tool_calls(first: list[ToolCallDelta], second: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Argument fragments that continue the previous call are appended to it, as a client would:
+
+        [{index 0, id, name, arguments '{"q'}] + [{index 0, arguments '": 1}'}]
+        -> [{index 0, id, name, arguments '{"q": 1}'}]
+    """
+    calls = list(first)
+    for call in second:
+        previous = calls[-1] if calls else None
+        if previous is not None and previous.index == call.index and _continues(call):
+            calls[-1] = previous.model_copy(update={"function": _joined(previous.function, call.function)})
+        else:
+            calls.append(call)
+    return calls
+
+
+def _continues(call: ToolCallDelta) -> bool:
+    return call.id is None and call.type is None and (call.function is None or call.function.name is None)
+
+
+def _joined(first: FunctionDelta | None, second: FunctionDelta | None) -> FunctionDelta | None:
+    if first is None or second is None:
+        return first or second
+    if first.arguments is None or second.arguments is None:
+        return first.model_copy(update={"arguments": first.arguments or second.arguments})
+    return first.model_copy(update={"arguments": first.arguments + second.arguments})
 
 
 def parse_event(raw: str | bytes) -> DeltaEvent | FinalEvent | ErrorEvent:

@@ -27,8 +27,14 @@ def served_model_name(model: str | Path) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
+# Validation errors name the field but never echo input: the input holds REDIS_URL (with its
+# password) and ARBOR_API_KEYS, and the CLI prints the error.
+_SETTINGS_CONFIG = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore",
+                                      hide_input_in_errors=True)
+
+
 class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore")
+    model_config = _SETTINGS_CONFIG
 
     redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
     host: str = "127.0.0.1"  # ARBOR_HOST
@@ -70,7 +76,7 @@ def _default_worker_id() -> str:
 
 
 class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore")
+    model_config = _SETTINGS_CONFIG
 
     # MODEL: an HF folder, a .gguf file, or the default model's name (resolved by the worker).
     model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")

@@ -2,11 +2,13 @@
 steps into protocol events.
 
 The asyncio side talks to it through two queues: `inbox` (thread-safe `queue.Queue`) carries
-`StartJob`, `DropJob` and `StopOwner`; `emit` hands `Publication`s and `JobDone`s back, in order.
-The inbox is drained before every step, so a cancel that arrived is seen before the lane's next
-step. Each decode step of a lane becomes one delta event (its token ids, even when the text is
-still held back, so the job state always records every emitted token); each choice ends with one
-final event; an error event ends the whole request.
+`StartJob`, `DropJob` and `StopOwner`; `emit` hands `Publication`s and `JobDone`s back, in order
+(`worker.outbox.Outbox.put`). The inbox is drained before every step, so a cancel that arrived is
+seen before the lane's next step. Each decode step of a lane becomes one delta event (its token
+ids, even when the text is still held back, so the job state always records every emitted token)
+unless `emit` merged it into the job's previous delta, still waiting to be published (then that
+event carries both steps and the seq is not used); each choice ends with one final event; an
+error event ends the whole request.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class _Job:
 
 class Owner:
     def __init__(self, stepper: ModelStepper, tokenizer: tokenizers.Tokenizer, config: OwnerConfig,
-                 capacity: Capacity, emit: Callable[[Publication | JobDone], None]):
+                 capacity: Capacity, emit: Callable[[Publication | JobDone], bool]):
         self.stepper = stepper
         self.tokenizer = tokenizer
         self.config = config
@@ -297,8 +299,8 @@ class Owner:
         ))
 
     def _publish(self, job: _Job, event: Event) -> None:
-        job.next_seq += 1
-        self.emit(Publication(job.ref, event, [list(ids) for ids in job.emitted], sorted(job.finished)))
+        if not self.emit(Publication(job.ref, event, [list(ids) for ids in job.emitted], sorted(job.finished))):
+            job.next_seq += 1  # queued as its own event (True: merged into the previous delta)
 
     def _usage(self, job: _Job, choice: int) -> Usage:
         return Usage(prompt_tokens=len(job.spec.prompt_ids), completion_tokens=len(job.emitted[choice]))

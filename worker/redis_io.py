@@ -5,7 +5,11 @@ be pending *for this worker* (XPENDING on the entry id) and the job state's atte
 worker's. A worker presumed dead whose job was reclaimed therefore cannot publish another event,
 and a reclaimer never races the old owner's last write. Publishing is also idempotent on `seq`
 (the state's `next_seq` says what already landed), so a call retried after a lost reply does not
-push an event twice.
+push an event twice. A batch of events, of any jobs, is one script call: one round trip, each
+event fenced and applied in order as if published alone.
+
+Scripts are called by EVALSHA alone (loaded on NOSCRIPT), never inside a redis-py pipeline, whose
+`execute` asks SCRIPT EXISTS first: a second round trip on every publish.
 
 Both XAUTOCLAIM reply shapes are handled: Redis 6.2 answers [next, entries] and reports entries
 deleted from the stream as [id, nil] inside `entries`; Redis 7+ answers [next, entries, deleted].
@@ -18,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -31,8 +36,8 @@ local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 local owned = #pending == 1 and pending[1][2] == ARGV[3]
 """
 
-# KEYS: stream, job state.  ARGV: group, entry id, consumer, state ttl.
-# Returns nil if the entry is not ours, else {deliveries, state as a flat HGETALL list}.
+# KEYS: stream, job state, cancel key.  ARGV: group, entry id, consumer, state ttl.
+# Returns nil if the entry is not ours, else {deliveries, state as a flat HGETALL list, cancelled}.
 _CLAIM = _OWNED + """
 if not owned then return false end
 local attempt = pending[1][4]
@@ -41,24 +46,37 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 redis.call('HSET', KEYS[2], 'worker', ARGV[3], 'attempt', attempt)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-return {attempt, redis.call('HGETALL', KEYS[2])}
+return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3])}
 """
 
-# KEYS: stream, job state, event log.  ARGV: group, entry id, consumer, attempt, seq, event json,
-# channel, log ttl, state ttl, emitted_token_ids json, finished_choices json.
-_PUBLISH = _OWNED + """
-if not owned then return -1 end
-local attempt = redis.call('HGET', KEYS[2], 'attempt')
-if attempt and attempt ~= ARGV[4] then return -1 end
-local seq = tonumber(ARGV[5])
-if tonumber(redis.call('HGET', KEYS[2], 'next_seq') or '0') > seq then return 0 end
-redis.call('RPUSH', KEYS[3], ARGV[6])
-redis.call('EXPIRE', KEYS[3], ARGV[8])
-redis.call('PUBLISH', ARGV[7], ARGV[6])
-redis.call('HSET', KEYS[2], 'worker', ARGV[3], 'attempt', ARGV[4], 'emitted_token_ids', ARGV[10],
-           'finished_choices', ARGV[11], 'next_seq', seq + 1)
-redis.call('EXPIRE', KEYS[2], ARGV[9])
-return 1
+# KEYS: per event, its stream, job state and event log.  ARGV: group, consumer, log ttl, state ttl,
+# then per event _PUBLISH_ARGS values: entry id, attempt, seq, event json, channel,
+# emitted_token_ids json, finished_choices json.  Returns one result per event, in order:
+# 1 applied, 0 a duplicate (seq already landed), -1 fenced (not ours).
+_PUBLISH_ARGS = 7
+_PUBLISH = """
+local function publish(stream, state, log, entry, attempt, seq, event, channel, emitted, finished)
+  local pending = redis.call('XPENDING', stream, ARGV[1], entry, entry, 1)
+  if #pending ~= 1 or pending[1][2] ~= ARGV[2] then return -1 end
+  local current = redis.call('HGET', state, 'attempt')
+  if current and current ~= attempt then return -1 end
+  seq = tonumber(seq)
+  if tonumber(redis.call('HGET', state, 'next_seq') or '0') > seq then return 0 end
+  redis.call('RPUSH', log, event)
+  redis.call('EXPIRE', log, ARGV[3])
+  redis.call('PUBLISH', channel, event)
+  redis.call('HSET', state, 'worker', ARGV[2], 'attempt', attempt, 'emitted_token_ids', emitted,
+             'finished_choices', finished, 'next_seq', seq + 1)
+  redis.call('EXPIRE', state, ARGV[4])
+  return 1
+end
+local results = {}
+for i = 0, #KEYS / 3 - 1 do
+  local a = 4 + i * """ + str(_PUBLISH_ARGS) + """
+  results[i + 1] = publish(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3], ARGV[a + 1], ARGV[a + 2],
+                           ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+end
+return results
 """
 
 # KEYS: stream, job state, dead-letter stream.  ARGV: group, entry id, consumer, then the
@@ -111,6 +129,13 @@ class Publication:
     event: Event
     emitted_token_ids: list[list[int]]
     finished_choices: list[int]
+
+
+@dataclass(slots=True, frozen=True)
+class Claim:
+    attempt: int  # the entry's deliveries
+    state: JobState  # what earlier attempts published
+    cancelled: bool  # the cancel key is set: the client left before the job started
 
 
 @dataclass(slots=True)
@@ -172,28 +197,24 @@ class RedisIO:
                                                   idle=min_idle_ms)
         return {_text(item["consumer"]) for item in pending}
 
-    async def claim(self, stream: str, entry_id: str, request_id: str) -> tuple[int, JobState] | None:
-        """Take over the job state for the entry we hold: (attempt = deliveries, state), or None if not ours."""
-        reply = await self._claim(keys=[stream, keys.job_state(request_id)],
+    async def claim(self, stream: str, entry_id: str, request_id: str) -> Claim | None:
+        """Take over the job state for the entry we hold, in one round trip; None if not ours."""
+        reply = await self._claim(keys=[stream, keys.job_state(request_id), keys.cancel_key(request_id)],
                                   args=[keys.CONSUMER_GROUP, entry_id, self.worker_id, JOB_STATE_TTL_S])
         if reply is None:
             return None
-        return int(reply[0]), JobState.from_fields(_pairs(reply[1]))
+        return Claim(int(reply[0]), JobState.from_fields(_pairs(reply[1])), int(reply[2]) == 1)
 
     async def publish(self, publications: list[Publication]) -> list[PublishResult]:
-        """Each event in its own fenced script, all in one round trip, in order."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for item in publications:
-                await self._publish(keys=_publish_keys(item.ref), args=self._publish_args(item), client=pipe)
-            replies = await pipe.execute()
+        """Every event fenced on its own, applied in order, in one script call (one round trip)."""
+        if not publications:
+            return []
+        replies = await self._publish(*_publish_call(publications, self.worker_id))
         return [PublishResult(int(reply)) for reply in replies]
 
     async def complete(self, ref: JobRef, dead_letter: dict[str, str] | None = None) -> bool:
         """XACK + XDEL the entry, DEL the job state, and dead-letter it if asked; False if not ours."""
-        reply = await self._complete(keys=[ref.stream, keys.job_state(ref.request_id), keys.DEAD_LETTER_STREAM],
-                                     args=[keys.CONSUMER_GROUP, ref.entry_id, self.worker_id,
-                                           *_flatten(dead_letter or {})])
-        return int(reply) == 1
+        return int(await self._complete(*_complete_call(ref, self.worker_id, dead_letter))) == 1
 
     async def dead_letter_unowned(self, stream: str, entry_id: str, fields: dict[str, str], reason: str) -> None:
         """A malformed entry with no usable id: straight to the dead letters, acknowledged."""
@@ -210,13 +231,33 @@ class RedisIO:
             return 0
         return int(await self._touch(keys=[stream], args=[keys.CONSUMER_GROUP, self.worker_id, *entry_ids]))
 
-    def _publish_args(self, item: Publication) -> list[Any]:
-        ref, event = item.ref, item.event
-        return [
-            keys.CONSUMER_GROUP, ref.entry_id, self.worker_id, ref.attempt, event.seq, encode_event(event),
-            keys.events_channel(ref.request_id), EVENT_LOG_TTL_S, JOB_STATE_TTL_S,
-            json.dumps(item.emitted_token_ids), json.dumps(item.finished_choices),
-        ]
+
+
+class BlockingEventIO:
+    """`RedisIO.publish` and `complete` over a blocking client, for the publisher thread: the same
+    scripts, without an event loop's wake-ups and redis-py's asyncio machinery per call."""
+
+    def __init__(self, client: redis.Redis, worker_id: str):
+        self.redis = client
+        self.worker_id = worker_id
+        self._publish = client.register_script(_PUBLISH)
+        self._complete = client.register_script(_COMPLETE)
+
+    def publish(self, publications: list[Publication]) -> list[PublishResult]:
+        if not publications:
+            return []
+        replies = self._publish(*_publish_call(publications, self.worker_id))
+        return [PublishResult(int(reply)) for reply in replies]
+
+    def complete(self, ref: JobRef) -> bool:
+        return int(self._complete(*_complete_call(ref, self.worker_id, None))) == 1
+
+    def ensure_group(self, stream: str) -> None:
+        try:
+            self.redis.xgroup_create(stream, keys.CONSUMER_GROUP, id="0", mkstream=True)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
 
 
 def dead_letter_fields(fields: dict[str, str], stream: str, entry_id: str, reason: str,
@@ -226,8 +267,31 @@ def dead_letter_fields(fields: dict[str, str], stream: str, entry_id: str, reaso
             "entry_id": entry_id, "dead_lettered_by": worker_id}
 
 
+def _publish_call(publications: list[Publication], worker_id: str) -> tuple[list[str], list[Any]]:
+    """The publish script's keys and args for a batch."""
+    script_keys: list[str] = []
+    args: list[Any] = [keys.CONSUMER_GROUP, worker_id, EVENT_LOG_TTL_S, JOB_STATE_TTL_S]
+    for item in publications:
+        script_keys += _publish_keys(item.ref)
+        args += _publish_args(item)
+    return script_keys, args
+
+
+def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | None) -> tuple[list[str], list[str]]:
+    return ([ref.stream, keys.job_state(ref.request_id), keys.DEAD_LETTER_STREAM],
+            [keys.CONSUMER_GROUP, ref.entry_id, worker_id, *_flatten(dead_letter or {})])
+
+
 def _publish_keys(ref: JobRef) -> list[str]:
     return [ref.stream, keys.job_state(ref.request_id), keys.event_log(ref.request_id)]
+
+
+def _publish_args(item: Publication) -> list[Any]:
+    ref, event = item.ref, item.event
+    args = [ref.entry_id, ref.attempt, event.seq, encode_event(event), keys.events_channel(ref.request_id),
+            json.dumps(item.emitted_token_ids), json.dumps(item.finished_choices)]
+    assert len(args) == _PUBLISH_ARGS
+    return args
 
 
 def _flatten(mapping: dict[str, str]) -> list[str]:

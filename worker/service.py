@@ -6,7 +6,9 @@ Tasks, each owned by `WorkerService.run` and cancelled when it returns:
   reclaimer   XAUTOCLAIMs dead workers' jobs into free lanes (see `worker.reclaim`)
   control     the control channel: cancels reach the owner before the lane's next step
   cancel keys polled for held jobs, for cancels published while this worker was not listening
-  publisher   events and acks from the owner thread, in order, fenced (see `worker.redis_io`)
+and, outside the event loop, the publisher thread: events and acks from the owner thread, in
+order, fenced, over a blocking client (see `worker.publisher`); deltas that pile up while it is
+behind go out merged (see `worker.outbox`).
 
 Every loop survives Redis going away: connection errors back off (exponentially, capped) and
 retry; publishing is idempotent on seq, so a retried batch never duplicates an event. After a
@@ -26,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import redis
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio import Redis
@@ -39,10 +42,12 @@ from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, re
 from worker.intake import Intake
 from worker.jobs import JobSpec
 from worker.model_stepper import ModelStepper
-from worker.owner import Capacity, DropJob, JobDone, Owner, OwnerConfig, StartJob, StopOwner
+from worker.outbox import Outbox
+from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.prefix_cache import PrefixCache
+from worker.publisher import Publisher
 from worker.reclaim import Reclaimer
-from worker.redis_io import JobRef, Publication, PublishResult, RedisIO
+from worker.redis_io import BlockingEventIO, JobRef, RedisIO
 from worker.serving_model import ServingModel
 
 log = logging.getLogger(__name__)
@@ -52,7 +57,6 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 READ_BLOCK_MS = 500
 FREE_LANE_POLL_S = 0.01
 CANCEL_POLL_S = 0.2
-PUBLISH_BATCH = 64
 WARMUP_TOKENS = 2
 
 
@@ -141,7 +145,8 @@ class WorkerService:
         self._intake = Intake(self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes,
                               self._hand_over)
         loop = asyncio.get_running_loop()
-        self._outbox: asyncio.Queue[Publication | JobDone] = asyncio.Queue()
+        self._outbox = Outbox()
+        publisher = self._start_publisher(loop)
         owner_ready: asyncio.Future[Owner] = loop.create_future()
         owner_exit: asyncio.Future[None] = loop.create_future()
         thread = threading.Thread(target=self._owner_main, args=(loop, owner_ready, owner_exit),
@@ -164,15 +169,25 @@ class WorkerService:
             await _first(stop, owner_exit)
             await self._drain(owner_exit)
         finally:
-            await self._shut_down(tasks, thread, client, owner_exit)
+            await self._shut_down(tasks, thread, client, owner_exit, publisher)
 
     def _start_serving_tasks(self) -> list[asyncio.Task]:
         loops: dict[str, Callable[[], Awaitable[None]]] = {
             "reader": self._read_once, "reclaimer": self._reclaim_once, "control": self._control_once,
-            "cancel-keys": self._poll_cancel_keys_once, "publisher": self._publish_once,
+            "cancel-keys": self._poll_cancel_keys_once,
         }
         self._reclaimer = Reclaimer(self.io, self.config.stream, int(self.config.heartbeat_ttl_s * 1000))
         return [asyncio.create_task(self._forever(name, body), name=name) for name, body in loops.items()]
+
+    def _start_publisher(self, loop: asyncio.AbstractEventLoop) -> Publisher:
+        config = self.config
+        blocking = redis.Redis.from_url(config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
+                                        socket_connect_timeout=config.redis_timeout_s)
+        publisher = Publisher(BlockingEventIO(blocking, config.worker_id), self._outbox, config.stream,
+                              on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
+                              on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref))
+        publisher.start()
+        return publisher
 
     # -- the owner thread -------------------------------------------------------------------
 
@@ -198,8 +213,7 @@ class WorkerService:
         max_kv_bytes = config.max_kv_bytes or config.max_lanes * stepper.kv_bytes(config.max_context, 0)
         owner_config = OwnerConfig(config.worker_id, config.speculation, config.max_lanes, max_kv_bytes,
                                    config.max_prefill_chunk)
-        return Owner(stepper, served.tokenizer, owner_config, self.capacity,
-                     lambda item: loop.call_soon_threadsafe(self._outbox.put_nowait, item))
+        return Owner(stepper, served.tokenizer, owner_config, self.capacity, self._outbox.put)
 
     # -- loops (one iteration each; `_forever` repeats them and rides out Redis outages) ----------
 
@@ -297,39 +311,6 @@ class WorkerService:
             self._cancel_sent.add(request_id)
             self._owner.inbox.put(DropJob(request_id, cancelled=True))
 
-    async def _publish_once(self) -> None:
-        batch = [await self._outbox.get()]
-        while len(batch) < PUBLISH_BATCH and not self._outbox.empty():
-            batch.append(self._outbox.get_nowait())
-        try:
-            await self._deliver(batch)
-        except BaseException:
-            _requeue_front(self._outbox, batch)  # delivered again after the backoff; seq makes it idempotent
-            raise
-
-    async def _deliver(self, batch: list[Publication | JobDone]) -> None:
-        publications: list[Publication] = []
-        for item in batch:
-            if isinstance(item, Publication):
-                publications.append(item)
-                continue
-            await self._publish_events(publications)
-            publications = []
-            await self._finish_job(item.ref)
-        await self._publish_events(publications)
-
-    async def _publish_events(self, publications: list[Publication]) -> None:
-        if not publications:
-            return
-        for item, result in zip(publications, await self.io.publish(publications)):
-            if result is PublishResult.FENCED:
-                self._lose(item.ref.request_id)
-
-    async def _finish_job(self, ref: JobRef) -> None:
-        if self._held.get(ref.request_id) == ref:
-            await self.io.complete(ref)
-            self._forget(ref.request_id)
-
     def _lose(self, request_id: str) -> None:
         """The job is no longer ours (reclaimed, or Redis lost it): stop working on it, quietly."""
         if self._held.pop(request_id, None) is not None and self._owner is not None:
@@ -337,9 +318,11 @@ class WorkerService:
             self._owner.inbox.put(DropJob(request_id, cancelled=False))
         self._cancel_sent.discard(request_id)
 
-    def _forget(self, request_id: str) -> None:
-        self._held.pop(request_id, None)
-        self._cancel_sent.discard(request_id)
+    def _finished(self, ref: JobRef) -> None:
+        """Acknowledged by the publisher: forget it (unless it is a newer delivery of the same job)."""
+        if self._held.get(ref.request_id) == ref:
+            del self._held[ref.request_id]
+            self._cancel_sent.discard(ref.request_id)
 
     def _hand_over(self, spec: JobSpec, ref: JobRef) -> None:
         self.capacity.hold(spec.n)
@@ -359,11 +342,13 @@ class WorkerService:
             log.warning("drain grace over; leaving %d jobs to be reclaimed", len(self._held))
 
     async def _shut_down(self, tasks: list[asyncio.Task], thread: threading.Thread, client: Redis,
-                         owner_exit: asyncio.Future) -> None:
+                         owner_exit: asyncio.Future, publisher: Publisher) -> None:
         self._ready = False
         if self._owner is not None:
             self._owner.inbox.put(StopOwner())
         await asyncio.to_thread(thread.join, 30.0)  # a loading owner cannot be interrupted; it is a daemon
+        await asyncio.to_thread(publisher.stop, self.config.redis_timeout_s + 1.0)  # a daemon too
+        publisher.io.redis.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -399,11 +384,3 @@ def _resolve(future: asyncio.Future, value: object) -> None:
 def _fail_future(future: asyncio.Future, error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
-
-
-def _requeue_front(queue: asyncio.Queue, items: list) -> None:
-    rest = []
-    while not queue.empty():
-        rest.append(queue.get_nowait())
-    for item in items + rest:
-        queue.put_nowait(item)

@@ -109,21 +109,22 @@ def parse_request(kind: JobKind, raw: bytes, limits: Limits) -> GenerationReques
 
 
 async def _stream(gen: Generation, fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
+    """One write per batch of events (several when the stream fell behind); the last one carries the
+    usage chunk and [DONE] too, so the client has its answer before the request's clean-up."""
     try:
         async with gen:
-            for chunk in fmt.opening():
-                yield sse_data(chunk)
-            async for event in gen.events():
-                chunk = fmt.chunk(event)
-                if chunk is not None:
-                    yield sse_data(chunk)
-            if include_usage:
-                yield sse_data(fmt.usage_chunk(gen.outcome.usage()))
+            yield b"".join(sse_data(chunk) for chunk in fmt.opening())
+            async for batch in gen.batches():
+                data = b"".join(sse_data(chunk) for chunk in map(fmt.chunk, batch) if chunk is not None)
+                if gen.finished:
+                    usage = sse_data(fmt.usage_chunk(gen.outcome.usage())) if include_usage else b""
+                    data += usage + DONE
+                if data:
+                    yield data
     except ClientGone:
         return
     except GenerationFailed as exc:
-        yield sse_data(exc.error.body())
-    yield DONE
+        yield sse_data(exc.error.body()) + DONE
 
 
 async def _whole(gen: Generation, fmt: Format) -> Response:

@@ -35,6 +35,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "worker": spawn(["worker", "--model", str(scripted), "--speculation", "ngram"],
                             env | {"ARBOR_METRICS_PORT": str(scripted_metrics)}, log_dir / "worker.log"),
         }
+        stack.processes = processes
         try:
             wait_until_serving(stack, processes)
             yield stack

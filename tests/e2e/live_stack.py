@@ -24,6 +24,8 @@ import httpx
 import openai
 import redis
 
+from tests.support.processes import child_pids, command_line
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = "tiny-qwen3"
 SCRIPTED_MODEL = "scripted"
@@ -39,6 +41,7 @@ class Stack:
     redis_url: str
     worker_metrics_urls: dict[str, str]  # served model -> that worker's /metrics
     log_dir: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # "up" and "worker"
     _clients: list = field(default_factory=list)
 
     def openai(self, timeout_s: float = 60.0) -> openai.OpenAI:
@@ -59,6 +62,13 @@ class Stack:
     def logs(self) -> str:
         paths = sorted(self.log_dir.glob("*.log"))
         return "\n".join(f"--- {path.name} ---\n{path.read_text()[-3000:]}" for path in paths)
+
+    def process_ids(self) -> dict[str, int]:
+        """gateway, the tiny model's worker (both children of `arbor up`) and the scripted worker."""
+        up = self.processes["up"].pid
+        children = {command_line(pid)[3]: pid for pid in child_pids(up)}  # python -m ops.cli <command> ...
+        return {"gateway": children["gateway"], TINY_MODEL: children["worker"],
+                SCRIPTED_MODEL: self.processes["worker"].pid}
 
     def close_clients(self) -> None:
         for client in self._clients:

@@ -84,7 +84,9 @@ def test_streamed_chat_yields_the_same_text_in_chunks(client: openai.OpenAI) -> 
     assert (content, calls, finish_reason) == (PLAIN.text, [], "stop")
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({chunk.id for chunk in chunks}) == 1
-    assert sum(1 for chunk in chunks for choice in chunk.choices if choice.delta.content) >= 2
+    # How many content chunks there are depends on timing: deltas made while the publisher is busy
+    # are merged (worker/outbox.py; tests/worker/test_outbox.py pins when). The text must add up.
+    assert sum(1 for chunk in chunks for choice in chunk.choices if choice.delta.content) >= 1
     assert all(chunk.usage is None for chunk in chunks)  # not asked for
 
 
@@ -143,7 +145,7 @@ def test_streamed_tool_call_deltas_accumulate_into_the_call(client: openai.OpenA
     content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER], tools=TOOLS)
     assert (content, finish_reason) == (STEPS[0].content, "tool_calls")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == _declared_calls(STEPS[0])
-    assert calls[0]["id"] and calls[0]["num_deltas"] >= 2  # the name first, the arguments after
+    assert calls[0]["id"] and calls[0]["num_deltas"] >= 1  # name and arguments may arrive merged (outbox)
     messages = [USER, _assistant_with_calls(content, calls), *_tool_results(calls, {"get_weather": "sunny"})]
     content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=messages, tools=TOOLS)
     assert (content, finish_reason) == (STEPS[1].content, "tool_calls")

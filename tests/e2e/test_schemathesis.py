@@ -11,8 +11,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
+from tests.support.fuzz import fuzz_examples
+
 MAX_FUZZ_TOKENS = 8
-EXAMPLES_PER_OPERATION = 30
+EXAMPLES_PER_OPERATION = fuzz_examples(30)
 
 
 def test_no_input_causes_a_server_error(stack):

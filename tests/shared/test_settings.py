@@ -37,6 +37,25 @@ def test_default_max_tokens_must_fit_the_cap() -> None:
         GatewaySettings(default_max_tokens=100, max_tokens_cap=10)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda url, key: GatewaySettings(redis_url=url, api_keys=key, default_max_tokens=100, max_tokens_cap=10),
+        lambda url, key: GatewaySettings(redis_url=url, api_keys=key, max_queue="many"),
+        lambda url, key: WorkerSettings(redis_url=url, heartbeat_ttl_s=0.5, heartbeat_interval_s=1.0),
+        lambda url, key: WorkerSettings(redis_url=url, max_lanes="all"),
+    ],
+)
+def test_settings_errors_name_the_field_but_never_echo_the_input(build) -> None:
+    # The input holds REDIS_URL's password and the API keys, and the CLI prints the error.
+    with pytest.raises(ValidationError) as caught:
+        build("redis://:pw-zyxw@h:1/0", "sk-qrst")
+
+    text = str(caught.value)
+    assert "input_value" not in text and "pw-zyxw" not in text and "sk-qrst" not in text, text
+    assert any(field in text for field in ("default_max_tokens", "max_queue", "heartbeat_ttl_s", "max_lanes"))
+
+
 def test_worker_reads_design_names(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL", "/models/Qwen3-0.6B/")
     monkeypatch.setenv("DRAFT", "/models/dflash")

@@ -100,10 +100,11 @@ class OwnerHarness:
                            self._emit)
         self.thread = threading.Thread(target=self.owner.run)
 
-    def _emit(self, item) -> None:
+    def _emit(self, item) -> bool:
         self.items.append(item)
         if isinstance(item, JobDone):
             self.done.set()
+        return False  # never merged: every event as the owner made it
 
     def __enter__(self) -> OwnerHarness:
         self.thread.start()

@@ -1,6 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.fuzz import fuzz_examples
 from worker.chat.reasoning import ReasoningDelta, ReasoningParser
 
 # Fragments that make tags, near-tags and split tags likely.
@@ -93,7 +94,7 @@ def test_force_end_outside_reasoning_is_a_no_op():
     assert run(parser, ["</think>x"]) == ("", "</think>x")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=fuzz_examples(400), deadline=None)
 @given(text=texts, cuts=st.lists(st.integers(0, 200), max_size=10), starts_in=st.booleans())
 def test_any_chunking_matches_the_whole_text_reference(text, cuts, starts_in):
     expected = reference(text, starts_in)
@@ -102,7 +103,7 @@ def test_any_chunking_matches_the_whole_text_reference(text, cuts, starts_in):
     assert run(ReasoningParser(starts_in_reasoning=starts_in), list(text)) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=fuzz_examples(200), deadline=None)
 @given(before=texts, after=texts, cuts=st.lists(st.integers(0, 200), max_size=8))
 def test_force_end_result_does_not_depend_on_chunking(before, after, cuts):
     def forced(chunks_before, chunks_after):

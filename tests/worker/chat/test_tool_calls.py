@@ -5,6 +5,7 @@ import re
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tests.support.fuzz import fuzz_examples
 from worker.chat.tool_calls import END_TAG, START_TAG, ToolCallParser
 
 EXAMPLE = 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -170,7 +171,7 @@ segments = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(parts=segments, unterminated=st.booleans(), cuts=st.lists(st.integers(0, 10**4), max_size=12))
 def test_any_chunking_gives_the_same_content_and_calls(parts, unterminated, cuts):
     tail = START_TAG + '{"name": "late", "arguments": {"a": [' if unterminated else ""

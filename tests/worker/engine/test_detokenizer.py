@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tokenizers import decoders
 from tokenizers.models import WordLevel
 
+from tests.support.fuzz import fuzz_examples
 from tests.support.smollm2_tokenizer import converted_tokenizer_dir
 from worker.engine.detokenizer import IncrementalDetokenizer
 
@@ -97,7 +98,7 @@ def byte_level_ids(draw: st.DrawFn, tokenizer: tokenizers.Tokenizer) -> list[int
     return [i for k in order for i in pieces[k]]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=fuzz_examples(150), deadline=None)
 @given(data=st.data(), skip_special_tokens=st.booleans())
 def test_any_chunking_adds_up_to_decode(smollm2, data: st.DataObject, skip_special_tokens: bool) -> None:
     ids = data.draw(byte_level_ids(smollm2))
@@ -109,7 +110,7 @@ def test_any_chunking_adds_up_to_decode(smollm2, data: st.DataObject, skip_speci
     assert not any(piece.endswith(REPLACEMENT) for piece in pieces[:-1])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=fuzz_examples(100), deadline=None)
 @given(data=st.data())
 def test_output_after_a_prompt_continues_its_text(smollm2, data: st.DataObject) -> None:
     prompt = data.draw(byte_level_ids(smollm2))
@@ -147,7 +148,7 @@ def test_first_output_token_keeps_its_space_after_a_prompt(metaspace) -> None:
     assert detokenizer.push([WORDS.index("▁world")]) == " world"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=fuzz_examples(150), deadline=None)
 @given(
     prompt=st.lists(st.integers(0, len(WORDS) - 1), max_size=8),
     output=st.lists(st.integers(0, len(WORDS) - 1), max_size=12),

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.fuzz import fuzz_examples
 from worker.engine.stop_strings import StopStringMatcher
 
 
@@ -83,7 +84,7 @@ def text_and_chunks(draw: st.DrawFn) -> tuple[list[str], str, list[str]]:
     return stops, text, [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=fuzz_examples(500), deadline=None)
 @given(text_and_chunks())
 def test_any_chunking_matches_the_single_shot_result(case: tuple[list[str], str, list[str]]) -> None:
     stops, text, chunks = case
@@ -91,7 +92,7 @@ def test_any_chunking_matches_the_single_shot_result(case: tuple[list[str], str,
     assert _stream(stops, [text]) == _reference(text, stops)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=fuzz_examples(200), deadline=None)
 @given(text_and_chunks())
 def test_emitted_text_never_contains_a_stop_string(case: tuple[list[str], str, list[str]]) -> None:
     stops, _, chunks = case

@@ -1,0 +1,105 @@
+"""The owner -> publisher outbox: in order, nothing lost or repeated, deltas merged only while they wait."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from shared.protocol import DeltaEvent, FinalEvent, Usage
+from tests.worker.test_owner import TOKENIZER, ScriptedStepper, ids_of, spec
+from worker.heartbeat import WorkerCounters
+from worker.outbox import Outbox
+from worker.owner import Capacity, JobDone, Owner, OwnerConfig, StartJob, StopOwner
+from worker.redis_io import JobRef, Publication
+
+REF = JobRef("req-1", "stream", "1-0", 1)
+OTHER = JobRef("req-2", "stream", "2-0", 1)
+
+
+def publication(ref: JobRef, seq: int, text: str, token_ids: list[int], choice: int = 0) -> Publication:
+    event = DeltaEvent(id=ref.request_id, attempt=1, seq=seq, choice=choice, text=text, token_ids=token_ids)
+    return Publication(ref, event, [token_ids], [])
+
+
+def final(ref: JobRef, seq: int) -> Publication:
+    event = FinalEvent(id=ref.request_id, attempt=1, seq=seq, finish_reason="stop",
+                       usage=Usage(prompt_tokens=1, completion_tokens=1))
+    return Publication(ref, event, [[]], [0])
+
+
+def test_a_delta_joins_its_jobs_last_pending_delta_even_behind_other_jobs() -> None:
+    outbox = Outbox()
+    assert not outbox.put(publication(REF, 0, "Hel", [1]))
+    assert not outbox.put(publication(OTHER, 0, "x", [9]))
+    assert outbox.put(publication(REF, 1, "lo", [2]))
+
+    first, other = outbox.take()
+
+    assert (first.event.seq, first.event.text, first.event.token_ids) == (0, "Hello", [1, 2])
+    assert first.emitted_token_ids == [[2]], "the newer job state snapshot rides along"
+    assert other.event.text == "x"
+
+
+def test_nothing_merges_across_a_final_another_choice_or_a_taken_batch() -> None:
+    outbox = Outbox()
+    outbox.put(publication(REF, 0, "a", [1]))
+    outbox.put(final(REF, 1))
+    assert not outbox.put(publication(REF, 2, "b", [2]))  # after the final: its own event
+    assert not outbox.put(publication(REF, 3, "c", [3], choice=1))
+    assert [item.event.seq for item in outbox.take()] == [0, 1, 2, 3]
+    assert not outbox.put(publication(REF, 4, "d", [4])), "taken items are never touched again"
+    outbox.put(JobDone(REF))
+    assert not outbox.put(publication(REF, 5, "e", [5]))
+    assert [type(item).__name__ for item in outbox.take()] == ["Publication", "JobDone", "Publication"]
+
+
+def test_take_waits_for_an_item_and_returns_nothing_once_closed() -> None:
+    outbox = Outbox()
+    taken: list = []
+    taker = threading.Thread(target=lambda: taken.append(outbox.take()))
+    taker.start()
+    time.sleep(0.05)
+    assert taker.is_alive() and not taken
+    outbox.put(publication(REF, 0, "a", [1]))
+    taker.join(5)
+    assert [item.event.text for item in taken[0]] == ["a"]
+    outbox.close()
+    assert outbox.take() == []
+
+
+def test_an_owner_ahead_of_a_slow_publisher_sends_fewer_events_with_every_token_once() -> None:
+    text = "The quick brown fox jumps over the lazy dog, and then it runs far away."
+    script = ids_of(text)
+    outbox = Outbox()
+    published: list[Publication | JobDone] = []
+
+    def slow_publisher() -> None:  # a publisher that needs 20 ms per round trip
+        while not published or not isinstance(published[-1], JobDone):
+            published.extend(outbox.take())
+            time.sleep(0.02)
+
+    capacity = Capacity(4)
+    owner = Owner(ScriptedStepper(script, step_delay_s=0.002, counters=WorkerCounters()), TOKENIZER,
+                  OwnerConfig("w", "none", 4, 100, 64), capacity, outbox.put)
+    threads = [threading.Thread(target=owner.run), threading.Thread(target=slow_publisher)]
+    for thread in threads:
+        thread.start()
+    job = spec()
+    capacity.hold(1)
+    owner.inbox.put(StartJob(job, JobRef(job.request_id, "stream", "1-0", 1)))
+    threads[1].join(30)
+    owner.inbox.put(StopOwner())
+    threads[0].join(10)
+
+    events = [item.event for item in published if isinstance(item, Publication)]
+    deltas = [event for event in events if isinstance(event, DeltaEvent)]
+    assert [event.seq for event in events] == list(range(len(events))), "seq stays contiguous"
+    assert [token for event in deltas for token in event.token_ids] == script, "every token once, in order"
+    assert "".join(event.text for event in deltas) == text
+    assert len(deltas) < len(script) / 2, "steps that waited went out together"
+    emitted: list[int] = []
+    for item in published[:-1]:
+        if isinstance(item.event, DeltaEvent):
+            emitted += item.event.token_ids
+        assert item.emitted_token_ids == [emitted], "each event's job state lists exactly what is published"
+    assert isinstance(events[-1], FinalEvent) and events[-1].usage.completion_tokens == len(script)

@@ -1,0 +1,76 @@
+"""The owner thread -> the publisher thread: publications and acks in order; deltas merged while they wait.
+
+The owner `put`s; the publisher `take`s everything pending at once. A delta put while its job's
+last pending item is a delta of the same choice is merged into that item instead of queued
+behind it, so a publisher that falls behind the model sends one event per job per round trip,
+not one per step, and catches up:
+
+    pending  [delta seq 4 "Hel" ids [7], final of another job]
+    put      delta seq 5 "lo" ids [9]    -> True: merged, seq 5 stays free for the job's next event
+    pending  [delta seq 4 "Hello" ids [7, 9], final of another job]
+
+A publisher that keeps up takes every step as its own event: nothing waits to be merged. Seq
+stays contiguous (the owner numbers only what it queued), and the merged item carries the newer
+job state snapshot, which is right because it is the job's last pending item: the state written
+with each event still lists exactly the tokens published up to and including it.
+
+Taken items are never touched again, so a batch whose publish failed is retried exactly as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from shared.protocol import merge_deltas
+from worker.owner import JobDone
+from worker.redis_io import Publication
+
+Item = Publication | JobDone
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._items: list[Item] = []
+        self._last: dict[str, int] = {}  # request id -> index in _items of its last pending item
+        self._closed = False
+
+    def put(self, item: Item) -> bool:
+        """Queue an item (owner thread); True if it was merged into a pending delta (no new seq)."""
+        request_id = item.ref.request_id
+        with self._ready:
+            index = self._last.get(request_id)
+            if index is not None and _merge_into(self._items[index], item):
+                return True
+            self._last[request_id] = len(self._items)
+            self._items.append(item)
+            self._ready.notify()
+            return False
+
+    def take(self) -> list[Item]:
+        """Everything pending, in order (publisher thread); waits while there is nothing.
+        Returns [] once closed."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._items or self._closed)
+            if self._closed:
+                return []
+            items, self._items = self._items, []
+            self._last.clear()
+            return items
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+
+def _merge_into(pending: Item, item: Item) -> bool:
+    if not (isinstance(pending, Publication) and isinstance(item, Publication)):
+        return False
+    merged = merge_deltas(pending.event, item.event)
+    if merged is None:
+        return False
+    pending.event = merged
+    pending.emitted_token_ids = item.emitted_token_ids
+    pending.finished_choices = item.finished_choices
+    return True
