@@ -126,7 +126,7 @@ def _arbor_run(runner: ModelRunner, served: ServingModel, temperature: float):
         result = generate(runner, served.tokenizer, prompt_ids, params, request_id="bench")
         stats = result.stats
         return PromptRun(result.token_ids, stats.generated_tokens, stats.decode_s, time.perf_counter() - started,
-                         stats.target_forwards, stats.drafts, stats.accepted_tokens)
+                         stats.target_forwards, stats.drafts, stats.accepted_tokens, stats.draft_s, stats.verify_s)
     return run
 
 

@@ -21,6 +21,8 @@ class PromptRun:
     num_forwards: int  # target forwards that produced tokens
     num_drafts: int | None = None  # None: the engine does not report drafts (transformers)
     num_accepted: int | None = None
+    draft_s: float | None = None  # Arbor: time in the drafter's propose
+    verify_s: float | None = None  # Arbor: target forward + acceptance + the drafter's observe
 
 
 def summarize(name: str, engine: str, runs: Sequence[PromptRun]) -> dict:
@@ -40,7 +42,17 @@ def summarize(name: str, engine: str, runs: Sequence[PromptRun]) -> dict:
         # 1 + accepted / drafts, as vLLM reports it; 1.0 when nothing was ever drafted
         "acceptance_length": None if drafts is None else 1.0 + (accepted / drafts if drafts else 0.0),
         "per_prompt_decode_tokens_per_s": [ratio(run.num_decoded, run.decode_s) for run in runs],
+        **_step_costs(runs, num_forwards),
     }
+
+
+def _step_costs(runs: Sequence[PromptRun], num_forwards: int) -> dict:
+    """Milliseconds per decode step spent drafting and verifying: which side bounds a mode's speed."""
+    if runs[0].draft_s is None or not num_forwards:
+        return {}
+    draft_s = sum(run.draft_s or 0.0 for run in runs)
+    verify_s = sum(run.verify_s or 0.0 for run in runs)
+    return {"draft_ms_per_step": 1000 * draft_s / num_forwards, "verify_ms_per_step": 1000 * verify_s / num_forwards}
 
 
 def add_ratios(summaries: list[dict], baseline: str) -> None:
@@ -94,10 +106,27 @@ def decode_markdown(report: dict) -> str:
         agreement = report["transformers_agreement"]
         lines.append(f"- transformers generate (plain) gives the same tokens as Arbor up to the first EOS on "
                      f"{agreement['identical_prompts']}/{agreement['num_prompts']} prompts.")
+    if any("draft_ms_per_step" in c for c in report["contenders"]):
+        lines += ["", "Where a decode step's time goes (Arbor): drafting is the drafter's `propose`; verifying is "
+                  "the target forward over root + drafts, the acceptance walk and the drafter's `observe`.", "",
+                  _step_cost_table(report["contenders"])]
     lines += ["", "Decode tokens/s: Arbor counts every generated token over its decode steps (`stats.decode_s`); "
               "transformers counts the tokens after the prefill's over the time after it. Wall tokens/s include "
               "prefill.", "", f"Measured side by side: {SIDE_BY_SIDE_NOTE}."]
     return "\n".join(lines) + "\n"
+
+
+def _step_cost_table(contenders: list[dict]) -> str:
+    headers = ["mode", "ms per step", "drafting (propose)", "verifying (forward + observe)", "tokens/forward",
+               "ms per token"]
+    rows = []
+    for c in contenders:
+        if "draft_ms_per_step" not in c:
+            continue
+        step = c["draft_ms_per_step"] + c["verify_ms_per_step"]
+        rows.append([c["name"], fmt(step), fmt(c["draft_ms_per_step"]), fmt(c["verify_ms_per_step"]),
+                     fmt(c["tokens_per_forward"], 2), fmt(step / c["tokens_per_forward"])])
+    return markdown_table(headers, rows)
 
 
 def _contender_table(contenders: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """Loss and held-out acceptance curves of a drafter training run, as PNG files.
 
-    python -m ops.training.plots .cache/train-mtp docs/drafters
+    python -m ops.training.plots .cache/train-mtp docs/drafters mtp
+    python -m ops.training.plots .cache/train-dflash docs/drafters dflash
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ def plot_history(run_dir: Path, out_dir: Path, name: str = "mtp") -> list[Path]:
     loss_path, accept_path = out_dir / f"{name}-loss.png", out_dir / f"{name}-acceptance.png"
     figure, axes = plt.subplots(figsize=(6, 3.5))
     axes.plot(range(1, len(history["losses"]) + 1), history["losses"])
-    axes.set(xlabel="update", ylabel="weighted chain loss (3 steps)", title=f"{name} head: training loss")
+    label = "weighted chain loss (3 steps)" if name == "mtp" else "weighted block loss (7 rows)"
+    axes.set(xlabel="update", ylabel=label, title=f"{name}: training loss")
     figure.tight_layout()
     figure.savefig(loss_path, dpi=100)
     figure, axes = plt.subplots(figsize=(6, 3.5))
     updates, values = zip(*history["evals"]) if history["evals"] else ((), ())
     axes.plot(updates, values, marker="o")
-    axes.set(xlabel="update", ylabel="tokens per target forward", title=f"{name} head: held-out acceptance")
+    axes.set(xlabel="update", ylabel="tokens per target forward", title=f"{name}: held-out tokens per target forward")
     figure.tight_layout()
     figure.savefig(accept_path, dpi=100)
     plt.close("all")
@@ -35,5 +37,5 @@ def plot_history(run_dir: Path, out_dir: Path, name: str = "mtp") -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in plot_history(Path(sys.argv[1]), Path(sys.argv[2])):
+    for path in plot_history(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4]):
         print(f"wrote {path}")
