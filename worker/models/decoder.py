@@ -15,6 +15,7 @@ from torch import nn
 
 from worker.models.config import ModelConfig
 from worker.models.kv_cache import KVCache
+from worker.models.linear import Linear
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
 
@@ -39,10 +40,10 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -92,9 +93,9 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         size, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(size, inner, bias=bias)
-        self.up_proj = nn.Linear(size, inner, bias=bias)
-        self.down_proj = nn.Linear(inner, size, bias=bias)
+        self.gate_proj = Linear(size, inner, bias=bias)
+        self.up_proj = Linear(size, inner, bias=bias)
+        self.down_proj = Linear(inner, size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -135,7 +136,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderBody(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary: RotaryEmbedding | None = None
