@@ -59,7 +59,10 @@ class EmbeddedRedis:
             sock = self._dir / "redis.sock"
             args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
             self.url = f"unix://{credentials}{sock}"
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session, so a terminal's Ctrl-C reaches only `arbor up`, which stops Redis last,
+        # after the workers have drained (in the same process group it would die first).
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         start_new_session=True)
         self._wait_ready()
         return self
 
