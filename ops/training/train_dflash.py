@@ -20,13 +20,13 @@ makes them irrelevant at inference), as DFlash does.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 
 import torch
 import torch.nn.functional as F
 
 from ops.training.capture import CapturedSequence
+from ops.training.train_mtp import lr_at  # one warm-up + cosine schedule for both drafters
 from worker.drafters.dflash import DFlashModel
 from worker.models.config import ModelConfig
 from worker.models.decoder import grouped_attention
@@ -131,12 +131,6 @@ def _block_mask(anchors: torch.Tensor, total: int, size: int) -> torch.Tensor:
 
 def make_optimizer(model: DFlashModel, config: DFlashTrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-
-
-def lr_at(step: int, total: int, base: float, warmup: int = 20) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
 def train_updates(model: DFlashModel, served, data: list[CapturedSequence], vocab: torch.Tensor,
