@@ -31,6 +31,16 @@ class RequestRecord:
     completion_tokens: int = 0
     chunk_gaps_s: list[float] = field(default_factory=list)
     error: str | None = None
+    last_text_s: float | None = None  # perf_counter of the latest text chunk
+
+    def text_arrived(self, started: float) -> None:
+        """A text chunk just arrived: the first sets TTFT, later ones add an inter-chunk gap."""
+        now = time.perf_counter()
+        if self.ttft_s is None:
+            self.ttft_s = now - started
+        else:
+            self.chunk_gaps_s.append(now - self.last_text_s)
+        self.last_text_s = now
 
     @property
     def tpot_s(self) -> float | None:
@@ -47,7 +57,7 @@ def chat_body(model: str, prompt: str, max_tokens: int, temperature: float) -> d
 
 async def stream_chat(client: httpx.AsyncClient, body: dict) -> RequestRecord:
     record = RequestRecord()
-    started = last_text_at = time.perf_counter()
+    started = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
@@ -63,12 +73,7 @@ async def stream_chat(client: httpx.AsyncClient, body: dict) -> RequestRecord:
                 if chunk.get("usage"):
                     record.completion_tokens = chunk["usage"]["completion_tokens"]
                 if _has_text(chunk):
-                    now = time.perf_counter()
-                    if record.ttft_s is None:
-                        record.ttft_s = now - started
-                    else:
-                        record.chunk_gaps_s.append(now - last_text_at)
-                    last_text_at = now
+                    record.text_arrived(started)
         record.ok = record.completion_tokens > 0 and record.e2e_s > 0
         record.error = None if record.ok else "the stream ended without a usage chunk and [DONE]"
     except (httpx.HTTPError, json.JSONDecodeError) as error:

@@ -191,7 +191,7 @@ def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig
     from worker.engine.text_output import TextOutput
 
     record = RequestRecord()
-    started = last_text_at = time.perf_counter()
+    started = time.perf_counter()
     prompt_ids = encode_prompt(served, prompt)
     params = SamplingParams(max_tokens=max_tokens or config.max_tokens, temperature=config.temperature,
                             ignore_eos=True)
@@ -201,12 +201,7 @@ def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig
         served.runner.prefill(sequence, PREFILL_CHUNK)
     while not sequence.finished:
         if text_output.add(served.runner.decode_step(sequence)):
-            now = time.perf_counter()
-            if record.ttft_s is None:
-                record.ttft_s = now - started
-            else:
-                record.chunk_gaps_s.append(now - last_text_at)
-            last_text_at = now
+            record.text_arrived(started)
     record.e2e_s = time.perf_counter() - started
     record.completion_tokens, record.ok = len(sequence.output_ids), True
     return record
