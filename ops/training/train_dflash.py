@@ -25,8 +25,8 @@ import random
 import torch
 import torch.nn.functional as F
 
+from ops.training import updates
 from ops.training.capture import CapturedSequence
-from ops.training.train_mtp import lr_at  # one warm-up + cosine schedule for both drafters
 from worker.drafters.dflash import DFlashModel
 from worker.models.config import ModelConfig
 from worker.models.decoder import grouped_attention
@@ -130,33 +130,19 @@ def _block_mask(anchors: torch.Tensor, total: int, size: int) -> torch.Tensor:
 
 
 def make_optimizer(model: DFlashModel, config: DFlashTrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return updates.make_optimizer(model, config.lr, config.weight_decay)
 
 
 def train_updates(model: DFlashModel, served, data: list[CapturedSequence], vocab: torch.Tensor,
                   optimizer: torch.optim.Optimizer, config: DFlashTrainConfig, mask_token_id: int,
                   start_update: int, stop_update: int, total_updates: int, progress) -> list[float]:
-    """Run updates [start_update, stop_update) of a cosine schedule over total_updates."""
-    rotary = RotaryEmbedding(served.loaded.decoder.config, torch.float32)
-    vocab_index = torch.zeros(served.loaded.decoder.config.vocab_size, dtype=torch.int64)
-    vocab_index[vocab] = torch.arange(len(vocab))
-    history = []
-    for update in range(start_update, stop_update):
-        rng = random.Random(update)  # resumable: the same update sees the same sequences and anchors
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(update, total_updates, config.lr)
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for sequence in rng.sample(data, config.sequences_per_update):
-            loss = block_losses(model, served, rotary, sequence, vocab, vocab_index, config, mask_token_id, rng)
-            if loss is None:
-                continue
-            loss = loss / config.sequences_per_update
-            loss.backward()
-            total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        history.append(total)
-        progress.update(1)
-        progress.set_postfix(loss=f"{total:.3f}")
-    return history
+    """Run updates [start_update, stop_update) of a cosine schedule over total_updates; the loss of each."""
+    decoder_config = served.loaded.decoder.config
+    rotary = RotaryEmbedding(decoder_config, torch.float32)
+    vocab_index = updates.vocabulary_index(vocab, decoder_config.vocab_size)
+
+    def sequence_loss(sequence: CapturedSequence, rng: random.Random) -> torch.Tensor | None:
+        return block_losses(model, served, rotary, sequence, vocab, vocab_index, config, mask_token_id, rng)
+
+    return updates.run_updates(model, optimizer, data, sequence_loss, config.lr, config.sequences_per_update,
+                               start_update, stop_update, total_updates, progress)

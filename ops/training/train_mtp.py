@@ -17,12 +17,11 @@ target never predicts carry almost no probability for the drafter either.
 from __future__ import annotations
 
 import dataclasses
-import math
-import random
 
 import torch
 import torch.nn.functional as F
 
+from ops.training import updates
 from ops.training.capture import CapturedSequence
 from worker.drafters.mtp import MtpHead
 from worker.models.decoder import grouped_attention
@@ -148,40 +147,21 @@ def windows(sequences: list[CapturedSequence], max_len: int) -> list[CapturedSeq
 
 
 def make_optimizer(head: MtpHead, config: MtpTrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-
-
-def lr_at(step: int, total: int, base: float, warmup: int = 20) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    return updates.make_optimizer(head, config.lr, config.weight_decay)
 
 
 def train_updates(head: MtpHead, served, data: list[CapturedSequence], vocab: torch.Tensor,
                   optimizer: torch.optim.Optimizer, config: MtpTrainConfig, start_update: int,
                   stop_update: int, total_updates: int, progress) -> list[float]:
-    """Run updates [start_update, stop_update) of a cosine schedule over total_updates; mean loss of each."""
-    rotary = RotaryEmbedding(served.loaded.decoder.config, torch.float32)
-    vocab_index = torch.full((served.loaded.decoder.config.vocab_size,), 0, dtype=torch.int64)
-    vocab_index[vocab] = torch.arange(len(vocab))
-    history = []
-    for update in range(start_update, stop_update):
-        rng = random.Random(update)  # resumable: the same update always sees the same sequences
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(update, total_updates, config.lr)
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for sequence in rng.sample(data, config.sequences_per_update):
-            losses = chain_losses(head, served, rotary, sequence, vocab, vocab_index, config.num_steps,
-                                  config.feature_weight)
-            if not losses:
-                continue
-            loss = sum(w * l for w, l in zip(config.step_weights, losses)) / config.sequences_per_update
-            loss.backward()
-            total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        history.append(total)
-        progress.update(1)
-        progress.set_postfix(loss=f"{total:.3f}")
-    return history
+    """Run updates [start_update, stop_update) of a cosine schedule over total_updates; the loss of each."""
+    decoder_config = served.loaded.decoder.config
+    rotary = RotaryEmbedding(decoder_config, torch.float32)
+    vocab_index = updates.vocabulary_index(vocab, decoder_config.vocab_size)
+
+    def sequence_loss(sequence: CapturedSequence, rng) -> torch.Tensor | None:
+        losses = chain_losses(head, served, rotary, sequence, vocab, vocab_index, config.num_steps,
+                              config.feature_weight)
+        return sum(w * l for w, l in zip(config.step_weights, losses)) if losses else None
+
+    return updates.run_updates(head, optimizer, data, sequence_loss, config.lr, config.sequences_per_update,
+                               start_update, stop_update, total_updates, progress)
