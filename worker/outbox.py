@@ -1,9 +1,10 @@
-"""The owner thread -> the publisher thread: publications and acks in order; deltas merged while they wait.
+"""What the owner has made but the publisher has not sent yet: in order, deltas merged while they wait.
 
-The owner `put`s; the publisher `take`s everything pending at once. A delta put while its job's
-last pending item is a delta of the same choice is merged into that item instead of queued
-behind it, so a publisher that falls behind the model sends one event per job per round trip,
-not one per step, and catches up:
+The owner `put`s after each step; the publisher `take`s everything pending once the previous
+batch has been answered. A delta put while its job's last pending item is a delta of the same
+choice is merged into that item instead of queued behind it, so a publisher that falls behind the
+model (Redis slower than a step) sends one event per job per round trip, not one per step, and
+catches up:
 
     pending  [delta seq 4 "Hel" ids [7], final of another job]
     put      delta seq 5 "lo" ids [9]    -> True: merged, seq 5 stays free for the job's next event
@@ -15,56 +16,41 @@ job state snapshot, which is right because it is the job's last pending item: th
 with each event still lists exactly the tokens published up to and including it.
 
 Taken items are never touched again, so a batch whose publish failed is retried exactly as it was.
+Only the owner thread uses an outbox: no lock.
 """
 
 from __future__ import annotations
 
-import threading
-
 from shared.protocol import merge_deltas
-from worker.owner import JobDone
-from worker.redis_io import Publication
-
-Item = Publication | JobDone
+from worker.redis_io import BatchItem, Publication
 
 
 class Outbox:
     def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._items: list[Item] = []
+        self._items: list[BatchItem] = []
         self._last: dict[str, int] = {}  # request id -> index in _items of its last pending item
-        self._closed = False
 
-    def put(self, item: Item) -> bool:
-        """Queue an item (owner thread); True if it was merged into a pending delta (no new seq)."""
+    def put(self, item: BatchItem) -> bool:
+        """Queue an item; True if it was merged into a pending delta (no new seq)."""
         request_id = item.ref.request_id
-        with self._ready:
-            index = self._last.get(request_id)
-            if index is not None and _merge_into(self._items[index], item):
-                return True
-            self._last[request_id] = len(self._items)
-            self._items.append(item)
-            self._ready.notify()
-            return False
+        index = self._last.get(request_id)
+        if index is not None and _merge_into(self._items[index], item):
+            return True
+        self._last[request_id] = len(self._items)
+        self._items.append(item)
+        return False
 
-    def take(self) -> list[Item]:
-        """Everything pending, in order (publisher thread); waits while there is nothing.
-        Returns [] once closed."""
-        with self._ready:
-            self._ready.wait_for(lambda: self._items or self._closed)
-            if self._closed:
-                return []
-            items, self._items = self._items, []
-            self._last.clear()
-            return items
+    def take(self) -> list[BatchItem]:
+        """Everything pending, in order; the outbox is empty afterwards."""
+        items, self._items = self._items, []
+        self._last.clear()
+        return items
 
-    def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
+    def __bool__(self) -> bool:
+        return bool(self._items)
 
 
-def _merge_into(pending: Item, item: Item) -> bool:
+def _merge_into(pending: BatchItem, item: BatchItem) -> bool:
     if not (isinstance(pending, Publication) and isinstance(item, Publication)):
         return False
     merged = merge_deltas(pending.event, item.event)

@@ -1,14 +1,15 @@
 """The owner thread: the one thread that touches the model. It runs the scheduler and turns lane
 steps into protocol events.
 
-The asyncio side talks to it through two queues: `inbox` (thread-safe `queue.Queue`) carries
-`StartJob`, `DropJob` and `StopOwner`; `emit` hands `Publication`s and `JobDone`s back, in order
-(`worker.outbox.Outbox.put`). The inbox is drained before every step, so a cancel that arrived is
-seen before the lane's next step. Each decode step of a lane becomes one delta event (its token
-ids, even when the text is still held back, so the job state always records every emitted token)
-unless `emit` merged it into the job's previous delta, still waiting to be published (then that
-event carries both steps and the seq is not used); each choice ends with one final event; an
-error event ends the whole request.
+The asyncio side talks to it through `inbox` (thread-safe `queue.Queue`), which carries
+`StartJob`, `DropJob` and `StopOwner`. What the owner makes goes to its `sink` (the publisher,
+`worker.publisher`), in order: `put` queues `Publication`s and `JobDone`s, and `pump`, called
+after every step, does the sink's I/O without waiting while there is a step to run. The inbox is
+drained before every step, so a cancel that arrived is seen before the lane's next step. Each
+decode step of a lane becomes one delta event (its token ids, even when the text is still held
+back, so the job state always records every emitted token) unless `put` merged it into the job's
+previous delta, still waiting to be published (then that event carries both steps and the seq is
+not used); each choice ends with one final event; an error event ends the whole request.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import tokenizers
 
@@ -25,11 +26,12 @@ from shared.protocol import DeltaEvent, ErrorCode, ErrorEvent, FinalEvent, Final
 from worker.jobs import JobSpec
 from worker.lane_output import LaneDelta, LaneOutput, format_logprobs
 from worker.model_stepper import LaneStart, LaneState, ModelStepper
-from worker.redis_io import Event, JobRef, Publication
+from worker.redis_io import BatchItem, Event, JobDone, JobRef, Publication
 from worker.scheduler import LaneKey, LaneRequest, LaneTooLarge, Scheduler, SchedulerConfig, StepKind, StepResult
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle owner blocks on its inbox before looking again
+SINK_WAIT_S = 0.01  # how long an idle owner with events in flight waits on the sink before looking again
 
 
 @dataclass(slots=True)
@@ -49,11 +51,12 @@ class StopOwner:
     pass
 
 
-@dataclass(slots=True)
-class JobDone:
-    """Every choice has ended (or the request failed): acknowledge the entry, drop the state."""
+class Sink(Protocol):
+    def put(self, item: BatchItem) -> bool:
+        """Queue an item; True if it was merged into a pending delta (its seq is not used)."""
 
-    ref: JobRef
+    def pump(self, wait_s: float) -> bool:
+        """Do what I/O is ready, waiting up to `wait_s`; True while something is unsent or unanswered."""
 
 
 class Capacity:
@@ -105,12 +108,12 @@ class _Job:
 
 class Owner:
     def __init__(self, stepper: ModelStepper, tokenizer: tokenizers.Tokenizer, config: OwnerConfig,
-                 capacity: Capacity, emit: Callable[[Publication | JobDone], bool]):
+                 capacity: Capacity, sink: Sink):
         self.stepper = stepper
         self.tokenizer = tokenizer
         self.config = config
         self.capacity = capacity
-        self.emit = emit
+        self.sink = sink
         self.inbox: queue.Queue[StartJob | DropJob | StopOwner] = queue.Queue()
         self.scheduler = Scheduler(stepper, SchedulerConfig(config.max_lanes, config.max_kv_bytes,
                                                             config.max_prefill_chunk), self._is_cancelled)
@@ -119,11 +122,13 @@ class Owner:
 
     def run(self) -> None:
         """The owner loop; returns on StopOwner (dropping whatever is left, unacknowledged)."""
-        while self._receive(block=self.scheduler.idle):
+        sending = False
+        while self._receive(block=self.scheduler.idle and not sending):
             result = self.scheduler.step()
             if result is not None:
                 self._handle(result)
             self.capacity.num_waiting = self.scheduler.num_waiting
+            sending = self.sink.pump(SINK_WAIT_S if self.scheduler.idle else 0.0)
         for request_id in list(self._jobs):
             self._drop(self._jobs[request_id], cancelled=False)
 
@@ -284,7 +289,7 @@ class Owner:
         self._jobs.pop(job.spec.request_id, None)
         self._cancelled.discard(job.spec.request_id)
         if done:
-            self.emit(JobDone(job.ref))
+            self.sink.put(JobDone(job.ref))
 
     # -- events -----------------------------------------------------------------------------
 
@@ -299,7 +304,7 @@ class Owner:
         ))
 
     def _publish(self, job: _Job, event: Event) -> None:
-        if not self.emit(Publication(job.ref, event, [list(ids) for ids in job.emitted], sorted(job.finished))):
+        if not self.sink.put(Publication(job.ref, event, [list(ids) for ids in job.emitted], sorted(job.finished))):
             job.next_seq += 1  # queued as its own event (True: merged into the previous delta)
 
     def _usage(self, job: _Job, choice: int) -> Usage:

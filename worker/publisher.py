@@ -1,31 +1,43 @@
-"""The publisher thread: the owner's events and acks to Redis, in order, fenced, off the event loop.
+"""Publishing from the owner thread: the owner's events and acks to Redis, in order, fenced, with
+one batch in flight and never a wait while there is a step to run.
 
-    owner thread --put--> Outbox --take--> publisher thread --one script call per batch--> Redis
-                                                  |  fenced: on_lost(request id)    (event loop)
-                                                  |  JobDone: complete, on_done(job ref)
+    owner thread: step -> put (Outbox) -> pump -> step -> put -> pump -> ...
+                                           |  reply of the batch in flight, if it has come
+                                           |  next batch out: one EVALSHA of the batch script,
+                                           v  written to the socket, not waited for
+                                         Redis (fenced: on_lost(request id); acked: on_done(job ref))
 
-Why a thread with a blocking client rather than an asyncio task: the owner thread needs the GIL
-for every step of the model, so each microsecond of Python spent publishing is a microsecond the
-model waits. A blocking call costs a fraction of what an event-loop wake-up plus redis-py's
-asyncio machinery does, and the socket waits release the GIL. The event loop only hears about the
-rare outcomes (a job lost, a job done).
+Why the owner thread itself, with no publisher thread: on a CPU the model's step is Python and
+holds the GIL; a second thread that wakes for every step takes the GIL from it, and each hand-off
+costs more than the publish. Measured on the tiny model (2 cores, docs/BENCHMARKS.md): a
+publisher thread cut the model's step rate to 0.71-0.82 of plain decoding, writing from the owner
+without waiting to 0.91-0.92. The write is one system call; the reply is read at the next `pump`,
+after the next step, by which time it has long arrived.
 
-Failures ride out like the service's loops: a batch that fails is retried as it was after a
-capped backoff (publishing is idempotent on seq); a consumer group that vanished (Redis restarted
-without its data) is recreated, and the retry then finds the jobs no longer ours.
+One batch in flight at a time: while Redis answers faster than a step (the normal case) every
+step goes out as its own batch; when it is slower, the steps made meanwhile wait in the outbox
+and go out merged (see `worker.outbox`), so the publisher catches up instead of queueing.
+
+Failures never stop the model: a batch whose send or reply failed (Redis down, a reply that
+does not come within the timeout) is resent as it was after a capped backoff, over a new
+connection (publishing is idempotent on seq, and acknowledging a job twice answers "not ours" the
+second time). A script Redis no longer knows (restarted) is loaded again; a consumer group that
+vanished (restarted without its data) is recreated, and the resend then finds the jobs no longer
+ours. Callbacks run on the owner thread: they must hand over to the event loop themselves.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from collections.abc import Callable
 
+import redis
 import redis.exceptions
 
-from worker.outbox import Item, Outbox
-from worker.owner import JobDone
-from worker.redis_io import BlockingEventIO, JobRef, Publication, PublishResult
+from shared import keys
+from worker.outbox import Outbox
+from worker.redis_io import BATCH_SCRIPT, BatchItem, JobDone, JobRef, PublishResult, batch_call
 
 log = logging.getLogger(__name__)
 
@@ -34,75 +46,139 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 
 
 class Publisher:
-    def __init__(self, io: BlockingEventIO, outbox: Outbox, stream: str, on_lost: Callable[[str], None],
-                 on_done: Callable[[JobRef], None]):
-        self.io = io
-        self.outbox = outbox
+    def __init__(self, pool: redis.ConnectionPool, worker_id: str, stream: str, reply_timeout_s: float,
+                 on_lost: Callable[[str], None], on_done: Callable[[JobRef], None]):
+        self.pool = pool  # a connection is made from it, not borrowed: it stays ours
+        self.worker_id = worker_id
         self.stream = stream
-        self._on_lost = on_lost  # called from this thread; must hand over to the event loop itself
+        self.reply_timeout_s = reply_timeout_s
+        self._on_lost = on_lost
         self._on_done = on_done
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="arbor-publisher", daemon=True)
+        self._outbox = Outbox()
+        self._connection: redis.connection.AbstractConnection | None = None
+        self._sha = ""
+        self._batch: list[BatchItem] | None = None  # taken from the outbox, not yet answered
+        self._sent_at: float | None = None  # when the batch went out; None: (re)send it
+        self._retry_at = 0.0
+        self._backoff_s = BACKOFF_MIN_S
 
-    def start(self) -> None:
-        self._thread.start()
+    def put(self, item: BatchItem) -> bool:
+        """Queue an event or an ack; True if it was merged into a pending delta (no new seq)."""
+        return self._outbox.put(item)
 
-    def stop(self, timeout_s: float) -> None:
-        """Stop after the batch in hand (what is still queued is left, as a crash would leave it)."""
-        self._stopping.set()
-        self.outbox.close()
-        self._thread.join(timeout_s)
+    @property
+    def busy(self) -> bool:
+        """Something is unsent or unanswered."""
+        return self._batch is not None or bool(self._outbox)
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            batch = self.outbox.take()
-            if batch:
-                self._deliver_until_done(batch)
+    def pump(self, wait_s: float = 0.0) -> bool:
+        """Take the reply to the batch in flight if it has come (waiting up to `wait_s` for it, or
+        for the end of a backoff), then send the next batch if there is one. Returns `busy`."""
+        try:
+            if self._batch is not None and self._sent_at is not None:
+                self._take_reply(wait_s)
+            if self._batch is None and self._outbox:
+                self._batch, self._sent_at = self._outbox.take(), None
+            if self._batch is not None and self._sent_at is None:
+                delay = self._retry_at - time.monotonic()
+                if delay > 0 and wait_s > 0:
+                    time.sleep(min(delay, wait_s))
+                if time.monotonic() >= self._retry_at:
+                    self._send()
+        except REDIS_DOWN as error:
+            self._failed(f"redis unavailable ({error})")
+        except redis.exceptions.ResponseError as error:
+            self._refused(error)
+        except Exception:  # the owner thread must not die of a publishing bug: log, back off, go on
+            log.exception("publisher: unexpected error")
+            self._failed("unexpected error")
+        return self.busy
 
-    def _deliver_until_done(self, batch: list[Item]) -> None:
-        delay = BACKOFF_MIN_S
-        while not self._stopping.is_set():
-            try:
-                self.deliver(batch)
-                return
-            except REDIS_DOWN as error:
-                log.warning("publisher: redis unavailable (%s); retrying in %.2fs", error, delay)
-            except redis.exceptions.ResponseError as error:
-                if "NOGROUP" not in str(error):
-                    log.exception("publisher: redis refused a command")
-                elif self._recreate_group():
-                    continue
-            except Exception:  # the thread must not die quietly: log, back off, go on
-                log.exception("publisher: unexpected error")
-            self._stopping.wait(delay)
-            delay = min(2 * delay, BACKOFF_MAX_S)
+    def flush(self, timeout_s: float) -> bool:
+        """Pump until nothing is left or `timeout_s` passes; True if everything was answered."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy and time.monotonic() < deadline:
+            self.pump(min(0.05, max(deadline - time.monotonic(), 0.0)))
+        return not self.busy
 
-    def deliver(self, batch: list[Item]) -> None:
-        """Publications in runs (one script call each), each JobDone once the events before it landed."""
-        publications: list[Publication] = []
-        for item in batch:
-            if isinstance(item, Publication):
-                publications.append(item)
-                continue
-            self._publish(publications)
-            publications = []
-            self._finish(item)
-        self._publish(publications)
+    def close(self) -> None:
+        self._disconnect()
+        self.pool.disconnect()
 
-    def _publish(self, publications: list[Publication]) -> None:
-        for item, result in zip(publications, self.io.publish(publications)):
-            if result is PublishResult.FENCED:
+    # -- one batch ---------------------------------------------------------------------------
+
+    def _send(self) -> None:
+        assert self._batch is not None
+        connection = self._connection or self._connect()
+        script_keys, args = batch_call(self._batch, self.worker_id)
+        connection.send_packed_command(connection.pack_command("EVALSHA", self._sha, len(script_keys),
+                                                               *script_keys, *args), check_health=False)
+        self._sent_at = time.monotonic()
+
+    def _take_reply(self, wait_s: float) -> None:
+        assert self._batch is not None and self._sent_at is not None and self._connection is not None
+        if not self._connection.can_read(timeout=wait_s):
+            if time.monotonic() - self._sent_at > self.reply_timeout_s:
+                raise redis.exceptions.TimeoutError(f"no reply within {self.reply_timeout_s:g}s")
+            return
+        results = self._connection.read_response()  # the rest of a reply that began follows at once
+        batch, self._batch, self._sent_at = self._batch, None, None
+        self._backoff_s = BACKOFF_MIN_S
+        for item, result in zip(batch, results, strict=True):
+            if isinstance(item, JobDone):
+                self._on_done(item.ref)  # acknowledged, or no longer ours: either way we are done with it
+            elif result == PublishResult.FENCED:
                 self._on_lost(item.ref.request_id)
 
-    def _finish(self, done: JobDone) -> None:
-        self.io.complete(done.ref)  # fenced: a no-op for a job that is no longer ours
-        self._on_done(done.ref)
+    # -- the connection and failures -----------------------------------------------------------
 
-    def _recreate_group(self) -> bool:
-        log.warning("publisher: the consumer group is gone (redis restarted?); recreating it")
+    def _connect(self) -> redis.connection.AbstractConnection:
+        connection = self.pool.make_connection()
+        connection.connect()
+        connection.send_command("SCRIPT", "LOAD", BATCH_SCRIPT)
+        sha = connection.read_response()
+        self._sha = sha.decode() if isinstance(sha, bytes) else sha
+        self._connection = connection
+        return connection
+
+    def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.disconnect()
+
+    def _failed(self, why: str) -> None:
+        """Resend the batch as it was, over a new connection, after the backoff."""
+        log.warning("publisher: %s; retrying in %.2fs", why, self._backoff_s)
+        self._disconnect()
+        self._sent_at = None
+        self._retry_at = time.monotonic() + self._backoff_s
+        self._backoff_s = min(2 * self._backoff_s, BACKOFF_MAX_S)
+
+    def _refused(self, error: redis.exceptions.ResponseError) -> None:
+        """An error reply: the batch did not run (NOSCRIPT) or stopped part-way (a script error)."""
+        self._sent_at = None
+        if isinstance(error, redis.exceptions.NoScriptError):
+            self._disconnect()  # the next send connects again, and loads the script first
+            return
+        if "NOGROUP" in str(error):
+            log.warning("publisher: the consumer group is gone (redis restarted?); recreating it")
+            try:
+                self._recreate_group()
+                return
+            except REDIS_DOWN as down:
+                self._failed(f"redis unavailable ({down})")
+                return
+            except redis.exceptions.ResponseError as other:
+                error = other
+        log.error("publisher: redis refused a batch: %s", error)
+        self._failed("redis refused a batch")
+
+    def _recreate_group(self) -> None:
+        connection = self._connection or self._connect()
+        connection.send_command("XGROUP", "CREATE", self.stream, keys.CONSUMER_GROUP, "0", "MKSTREAM")
         try:
-            self.io.ensure_group(self.stream)
-            return True
-        except REDIS_DOWN as error:
-            log.warning("publisher: redis unavailable (%s)", error)
-            return False
+            connection.read_response()
+        except redis.exceptions.ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+

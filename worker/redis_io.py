@@ -5,11 +5,12 @@ be pending *for this worker* (XPENDING on the entry id) and the job state's atte
 worker's. A worker presumed dead whose job was reclaimed therefore cannot publish another event,
 and a reclaimer never races the old owner's last write. Publishing is also idempotent on `seq`
 (the state's `next_seq` says what already landed), so a call retried after a lost reply does not
-push an event twice. A batch of events, of any jobs, is one script call: one round trip, each
-event fenced and applied in order as if published alone.
+push an event twice. A batch of events and acknowledgements, of any jobs, is one script call
+(`_BATCH`): one round trip, each op fenced and applied in order as if sent alone.
 
 Scripts are called by EVALSHA alone (loaded on NOSCRIPT), never inside a redis-py pipeline, whose
-`execute` asks SCRIPT EXISTS first: a second round trip on every publish.
+`execute` asks SCRIPT EXISTS first: a second round trip on every publish. The owner thread's
+batches go out over a connection of their own without waiting for the reply (`worker.publisher`).
 
 Both XAUTOCLAIM reply shapes are handled: Redis 6.2 answers [next, entries] and reports entries
 deleted from the stream as [id, nil] inside `entries`; Redis 7+ answers [next, entries, deleted].
@@ -49,15 +50,22 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3])}
 """
 
-# KEYS: per event, its stream, job state and event log.  ARGV: group, consumer, log ttl, state ttl,
-# then per event _PUBLISH_ARGS values: entry id, attempt, seq, event json, channel,
-# emitted_token_ids json, finished_choices json.  Returns one result per event, in order:
-# 1 applied, 0 a duplicate (seq already landed), -1 fenced (not ours).
-_PUBLISH_ARGS = 7
-_PUBLISH = """
-local function publish(stream, state, log, entry, attempt, seq, event, channel, emitted, finished)
+# The worker's writes from the owner thread, one call per batch, in order. KEYS: per op, its
+# stream, job state and event log.  ARGV: group, consumer, log ttl, state ttl, then per op
+# _BATCH_ARGS values: kind ('p' publish, 'c' complete), entry id, then for a publish: attempt,
+# seq, event json, channel, emitted_token_ids json, finished_choices json (a complete leaves
+# them empty).  Returns one result per op, in order: 1 applied, 0 a duplicate (seq already
+# landed), -1 fenced (not ours).  A publish pushes the event to the log and the channel and
+# leaves the job state it describes; a complete acknowledges and deletes the entry and drops
+# the state (XACK + XDEL + DEL).
+_BATCH_ARGS = 8
+_BATCH = """
+local function owned(stream, entry)
   local pending = redis.call('XPENDING', stream, ARGV[1], entry, entry, 1)
-  if #pending ~= 1 or pending[1][2] ~= ARGV[2] then return -1 end
+  return #pending == 1 and pending[1][2] == ARGV[2]
+end
+local function publish(stream, state, log, entry, attempt, seq, event, channel, emitted, finished)
+  if not owned(stream, entry) then return -1 end
   local current = redis.call('HGET', state, 'attempt')
   if current and current ~= attempt then return -1 end
   seq = tonumber(seq)
@@ -70,14 +78,26 @@ local function publish(stream, state, log, entry, attempt, seq, event, channel, 
   redis.call('EXPIRE', state, ARGV[4])
   return 1
 end
+local function complete(stream, state, entry)
+  if not owned(stream, entry) then return -1 end
+  redis.call('XACK', stream, ARGV[1], entry)
+  redis.call('XDEL', stream, entry)
+  redis.call('DEL', state)
+  return 1
+end
 local results = {}
 for i = 0, #KEYS / 3 - 1 do
-  local a = 4 + i * """ + str(_PUBLISH_ARGS) + """
-  results[i + 1] = publish(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3], ARGV[a + 1], ARGV[a + 2],
-                           ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+  local k, a = 3 * i, 4 + i * """ + str(_BATCH_ARGS) + """
+  if ARGV[a + 1] == 'c' then
+    results[i + 1] = complete(KEYS[k + 1], KEYS[k + 2], ARGV[a + 2])
+  else
+    results[i + 1] = publish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+                             ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+  end
 end
 return results
 """
+BATCH_SCRIPT = _BATCH  # the publisher (worker.publisher) loads it on its own connection
 
 # KEYS: stream, job state, dead-letter stream.  ARGV: group, entry id, consumer, then the
 # dead letter's field/value pairs (none: no dead letter).
@@ -131,6 +151,16 @@ class Publication:
     finished_choices: list[int]
 
 
+@dataclass(slots=True)
+class JobDone:
+    """Every choice of a job has ended (or the request failed): acknowledge the entry, drop the state."""
+
+    ref: JobRef
+
+
+BatchItem = Publication | JobDone
+
+
 @dataclass(slots=True, frozen=True)
 class Claim:
     attempt: int  # the entry's deliveries
@@ -167,7 +197,7 @@ class RedisIO:
         # Raw XAUTOCLAIM replies: redis-py's parser chokes on 6.2's deleted-entry shape.
         redis.set_response_callback("XAUTOCLAIM", lambda response, **options: response)
         self._claim = redis.register_script(_CLAIM)
-        self._publish = redis.register_script(_PUBLISH)
+        self._publish = redis.register_script(_BATCH)
         self._complete = redis.register_script(_COMPLETE)
         self._touch = redis.register_script(_TOUCH)
 
@@ -209,7 +239,7 @@ class RedisIO:
         """Every event fenced on its own, applied in order, in one script call (one round trip)."""
         if not publications:
             return []
-        replies = await self._publish(*_publish_call(publications, self.worker_id))
+        replies = await self._publish(*batch_call(publications, self.worker_id))
         return [PublishResult(int(reply)) for reply in replies]
 
     async def complete(self, ref: JobRef, dead_letter: dict[str, str] | None = None) -> bool:
@@ -232,34 +262,6 @@ class RedisIO:
         return int(await self._touch(keys=[stream], args=[keys.CONSUMER_GROUP, self.worker_id, *entry_ids]))
 
 
-
-class BlockingEventIO:
-    """`RedisIO.publish` and `complete` over a blocking client, for the publisher thread: the same
-    scripts, without an event loop's wake-ups and redis-py's asyncio machinery per call."""
-
-    def __init__(self, client: redis.Redis, worker_id: str):
-        self.redis = client
-        self.worker_id = worker_id
-        self._publish = client.register_script(_PUBLISH)
-        self._complete = client.register_script(_COMPLETE)
-
-    def publish(self, publications: list[Publication]) -> list[PublishResult]:
-        if not publications:
-            return []
-        replies = self._publish(*_publish_call(publications, self.worker_id))
-        return [PublishResult(int(reply)) for reply in replies]
-
-    def complete(self, ref: JobRef) -> bool:
-        return int(self._complete(*_complete_call(ref, self.worker_id, None))) == 1
-
-    def ensure_group(self, stream: str) -> None:
-        try:
-            self.redis.xgroup_create(stream, keys.CONSUMER_GROUP, id="0", mkstream=True)
-        except ResponseError as error:
-            if "BUSYGROUP" not in str(error):
-                raise
-
-
 def dead_letter_fields(fields: dict[str, str], stream: str, entry_id: str, reason: str,
                        worker_id: str) -> dict[str, str]:
     """The original job fields plus why, where from, and by whom."""
@@ -267,14 +269,19 @@ def dead_letter_fields(fields: dict[str, str], stream: str, entry_id: str, reaso
             "entry_id": entry_id, "dead_lettered_by": worker_id}
 
 
-def _publish_call(publications: list[Publication], worker_id: str) -> tuple[list[str], list[Any]]:
-    """The publish script's keys and args for a batch."""
+def batch_call(items: list[BatchItem], worker_id: str) -> tuple[list[str], list[Any]]:
+    """The batch script's keys and args: each publication and acknowledgement in order."""
     script_keys: list[str] = []
     args: list[Any] = [keys.CONSUMER_GROUP, worker_id, EVENT_LOG_TTL_S, JOB_STATE_TTL_S]
-    for item in publications:
-        script_keys += _publish_keys(item.ref)
-        args += _publish_args(item)
+    for item in items:
+        ref = item.ref
+        script_keys += (ref.stream, keys.job_state(ref.request_id), keys.event_log(ref.request_id))
+        args += _publish_args(item) if isinstance(item, Publication) else _complete_args(ref)
     return script_keys, args
+
+
+def _complete_args(ref: JobRef) -> list[Any]:
+    return ["c", ref.entry_id, "", "", "", "", "", ""]
 
 
 def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | None) -> tuple[list[str], list[str]]:
@@ -282,15 +289,11 @@ def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | No
             [keys.CONSUMER_GROUP, ref.entry_id, worker_id, *_flatten(dead_letter or {})])
 
 
-def _publish_keys(ref: JobRef) -> list[str]:
-    return [ref.stream, keys.job_state(ref.request_id), keys.event_log(ref.request_id)]
-
-
 def _publish_args(item: Publication) -> list[Any]:
     ref, event = item.ref, item.event
-    args = [ref.entry_id, ref.attempt, event.seq, encode_event(event), keys.events_channel(ref.request_id),
+    args = ["p", ref.entry_id, ref.attempt, event.seq, encode_event(event), keys.events_channel(ref.request_id),
             json.dumps(item.emitted_token_ids), json.dumps(item.finished_choices)]
-    assert len(args) == _PUBLISH_ARGS
+    assert len(args) == _BATCH_ARGS
     return args
 
 

@@ -6,9 +6,10 @@ Tasks, each owned by `WorkerService.run` and cancelled when it returns:
   reclaimer   XAUTOCLAIMs dead workers' jobs into free lanes (see `worker.reclaim`)
   control     the control channel: cancels reach the owner before the lane's next step
   cancel keys polled for held jobs, for cancels published while this worker was not listening
-and, outside the event loop, the publisher thread: events and acks from the owner thread, in
-order, fenced, over a blocking client (see `worker.publisher`); deltas that pile up while it is
-behind go out merged (see `worker.outbox`).
+and, outside the event loop, the owner thread, which also publishes what it makes: events and
+acks in order, fenced, over a connection of its own, never waiting for Redis while there is a step
+to run (see `worker.publisher`); deltas that pile up while Redis is behind go out merged (see
+`worker.outbox`).
 
 Every loop survives Redis going away: connection errors back off (exponentially, capped) and
 retry; publishing is idempotent on seq, so a retried batch never duplicates an event. After a
@@ -42,12 +43,11 @@ from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, re
 from worker.intake import Intake
 from worker.jobs import JobSpec
 from worker.model_stepper import ModelStepper
-from worker.outbox import Outbox
 from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.prefix_cache import PrefixCache
 from worker.publisher import Publisher
 from worker.reclaim import Reclaimer
-from worker.redis_io import BlockingEventIO, JobRef, RedisIO
+from worker.redis_io import JobRef, RedisIO
 from worker.serving_model import ServingModel
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,10 @@ class WorkerService:
         self._intake = Intake(self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes,
                               self._hand_over)
         loop = asyncio.get_running_loop()
-        self._outbox = Outbox()
-        publisher = self._start_publisher(loop)
+        publisher = self._publisher(loop)
         owner_ready: asyncio.Future[Owner] = loop.create_future()
         owner_exit: asyncio.Future[None] = loop.create_future()
-        thread = threading.Thread(target=self._owner_main, args=(loop, owner_ready, owner_exit),
+        thread = threading.Thread(target=self._owner_main, args=(loop, publisher, owner_ready, owner_exit),
                                   name="arbor-owner", daemon=True)
         thread.start()
         tasks = [asyncio.create_task(self._forever("heartbeat", self._heartbeat_once), name="heartbeat")]
@@ -169,7 +168,7 @@ class WorkerService:
             await _first(stop, owner_exit)
             await self._drain(owner_exit)
         finally:
-            await self._shut_down(tasks, thread, client, owner_exit, publisher)
+            await self._shut_down(tasks, thread, client, owner_exit)
 
     def _start_serving_tasks(self) -> list[asyncio.Task]:
         loops: dict[str, Callable[[], Awaitable[None]]] = {
@@ -179,31 +178,34 @@ class WorkerService:
         self._reclaimer = Reclaimer(self.io, self.config.stream, int(self.config.heartbeat_ttl_s * 1000))
         return [asyncio.create_task(self._forever(name, body), name=name) for name, body in loops.items()]
 
-    def _start_publisher(self, loop: asyncio.AbstractEventLoop) -> Publisher:
+    def _publisher(self, loop: asyncio.AbstractEventLoop) -> Publisher:
+        """The owner thread's publisher; it connects on its first batch."""
         config = self.config
-        blocking = redis.Redis.from_url(config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
-                                        socket_connect_timeout=config.redis_timeout_s)
-        publisher = Publisher(BlockingEventIO(blocking, config.worker_id), self._outbox, config.stream,
-                              on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
-                              on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref))
-        publisher.start()
-        return publisher
+        pool = redis.ConnectionPool.from_url(config.redis_url, socket_timeout=config.redis_timeout_s,
+                                             socket_connect_timeout=config.redis_timeout_s)
+        return Publisher(pool, config.worker_id, config.stream, config.redis_timeout_s,
+                         on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
+                         on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref))
 
     # -- the owner thread -------------------------------------------------------------------
 
-    def _owner_main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future, exited: asyncio.Future) -> None:
+    def _owner_main(self, loop: asyncio.AbstractEventLoop, publisher: Publisher, ready: asyncio.Future,
+                    exited: asyncio.Future) -> None:
         waiting = ready  # the future a failure goes to: loading first, then running
         try:
-            owner = self._build_owner(loop)
+            owner = self._build_owner(publisher)
             loop.call_soon_threadsafe(_resolve, ready, owner)
             waiting = exited
             owner.run()
+            publisher.flush(self.config.redis_timeout_s)  # what is left unsent stays, as a crash would leave it
             loop.call_soon_threadsafe(_resolve, exited, None)
         except BaseException as error:  # the owner thread's edge: hand the failure to the event loop
             log.exception("owner thread failed")
             loop.call_soon_threadsafe(_fail_future, waiting, error)
+        finally:
+            publisher.close()
 
-    def _build_owner(self, loop: asyncio.AbstractEventLoop) -> Owner:
+    def _build_owner(self, publisher: Publisher) -> Owner:
         served = self.load_model()
         warm_up(served)
         self._intake.served = served
@@ -213,7 +215,7 @@ class WorkerService:
         max_kv_bytes = config.max_kv_bytes or config.max_lanes * stepper.kv_bytes(config.max_context, 0)
         owner_config = OwnerConfig(config.worker_id, config.speculation, config.max_lanes, max_kv_bytes,
                                    config.max_prefill_chunk)
-        return Owner(stepper, served.tokenizer, owner_config, self.capacity, self._outbox.put)
+        return Owner(stepper, served.tokenizer, owner_config, self.capacity, publisher)
 
     # -- loops (one iteration each; `_forever` repeats them and rides out Redis outages) ----------
 
@@ -319,7 +321,7 @@ class WorkerService:
         self._cancel_sent.discard(request_id)
 
     def _finished(self, ref: JobRef) -> None:
-        """Acknowledged by the publisher: forget it (unless it is a newer delivery of the same job)."""
+        """Acknowledged through the publisher: forget it (unless it is a newer delivery of the same job)."""
         if self._held.get(ref.request_id) == ref:
             del self._held[ref.request_id]
             self._cancel_sent.discard(ref.request_id)
@@ -342,13 +344,11 @@ class WorkerService:
             log.warning("drain grace over; leaving %d jobs to be reclaimed", len(self._held))
 
     async def _shut_down(self, tasks: list[asyncio.Task], thread: threading.Thread, client: Redis,
-                         owner_exit: asyncio.Future, publisher: Publisher) -> None:
+                         owner_exit: asyncio.Future) -> None:
         self._ready = False
         if self._owner is not None:
             self._owner.inbox.put(StopOwner())
         await asyncio.to_thread(thread.join, 30.0)  # a loading owner cannot be interrupted; it is a daemon
-        await asyncio.to_thread(publisher.stop, self.config.redis_timeout_s + 1.0)  # a daemon too
-        publisher.io.redis.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,4 +1,4 @@
-"""The owner -> publisher outbox: in order, nothing lost or repeated, deltas merged only while they wait."""
+"""The owner's outbox: in order, nothing lost or repeated, deltas merged only while they wait."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from shared.protocol import DeltaEvent, FinalEvent, Usage
 from tests.worker.test_owner import TOKENIZER, ScriptedStepper, ids_of, spec
 from worker.heartbeat import WorkerCounters
 from worker.outbox import Outbox
-from worker.owner import Capacity, JobDone, Owner, OwnerConfig, StartJob, StopOwner
-from worker.redis_io import JobRef, Publication
+from worker.owner import Capacity, Owner, OwnerConfig, StartJob, StopOwner
+from worker.redis_io import JobDone, JobRef, Publication
 
 REF = JobRef("req-1", "stream", "1-0", 1)
 OTHER = JobRef("req-2", "stream", "2-0", 1)
@@ -53,43 +53,54 @@ def test_nothing_merges_across_a_final_another_choice_or_a_taken_batch() -> None
     assert [type(item).__name__ for item in outbox.take()] == ["Publication", "JobDone", "Publication"]
 
 
-def test_take_waits_for_an_item_and_returns_nothing_once_closed() -> None:
+def test_take_empties_the_outbox() -> None:
     outbox = Outbox()
-    taken: list = []
-    taker = threading.Thread(target=lambda: taken.append(outbox.take()))
-    taker.start()
-    time.sleep(0.05)
-    assert taker.is_alive() and not taken
+    assert not outbox and outbox.take() == []
     outbox.put(publication(REF, 0, "a", [1]))
-    taker.join(5)
-    assert [item.event.text for item in taken[0]] == ["a"]
-    outbox.close()
-    assert outbox.take() == []
+    assert outbox
+    assert [item.event.text for item in outbox.take()] == ["a"]
+    assert not outbox and outbox.take() == []
+
+
+class SlowSink:
+    """A sink whose round trip takes 20 ms: what the owner makes meanwhile waits in the outbox."""
+
+    def __init__(self) -> None:
+        self.outbox = Outbox()
+        self.published: list[Publication | JobDone] = []
+        self.done = threading.Event()
+        self._answered_at = 0.0
+
+    def put(self, item) -> bool:
+        return self.outbox.put(item)
+
+    def pump(self, wait_s: float) -> bool:
+        if self.outbox and time.monotonic() >= self._answered_at:
+            self.published.extend(self.outbox.take())
+            self._answered_at = time.monotonic() + 0.02
+            if isinstance(self.published[-1], JobDone):
+                self.done.set()
+        elif wait_s:
+            time.sleep(wait_s)
+        return bool(self.outbox)
 
 
 def test_an_owner_ahead_of_a_slow_publisher_sends_fewer_events_with_every_token_once() -> None:
     text = "The quick brown fox jumps over the lazy dog, and then it runs far away."
     script = ids_of(text)
-    outbox = Outbox()
-    published: list[Publication | JobDone] = []
-
-    def slow_publisher() -> None:  # a publisher that needs 20 ms per round trip
-        while not published or not isinstance(published[-1], JobDone):
-            published.extend(outbox.take())
-            time.sleep(0.02)
-
+    sink = SlowSink()
     capacity = Capacity(4)
     owner = Owner(ScriptedStepper(script, step_delay_s=0.002, counters=WorkerCounters()), TOKENIZER,
-                  OwnerConfig("w", "none", 4, 100, 64), capacity, outbox.put)
-    threads = [threading.Thread(target=owner.run), threading.Thread(target=slow_publisher)]
-    for thread in threads:
-        thread.start()
+                  OwnerConfig("w", "none", 4, 100, 64), capacity, sink)
+    thread = threading.Thread(target=owner.run)
+    thread.start()
     job = spec()
     capacity.hold(1)
     owner.inbox.put(StartJob(job, JobRef(job.request_id, "stream", "1-0", 1)))
-    threads[1].join(30)
+    assert sink.done.wait(30)
     owner.inbox.put(StopOwner())
-    threads[0].join(10)
+    thread.join(10)
+    published = sink.published
 
     events = [item.event for item in published if isinstance(item, Publication)]
     deltas = [event for event in events if isinstance(event, DeltaEvent)]

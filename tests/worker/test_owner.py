@@ -17,8 +17,8 @@ from worker.heartbeat import WorkerCounters
 from worker.jobs import FORCED_CLOSE, JobSpec
 from worker.lane_output import OutputOptions, ReasoningOptions
 from worker.model_stepper import LaneStart
-from worker.owner import Capacity, DropJob, JobDone, Owner, OwnerConfig, StartJob, StopOwner
-from worker.redis_io import JobRef, Publication
+from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
+from worker.redis_io import JobDone, JobRef, Publication
 
 TOKENIZER = train_tokenizer()
 
@@ -96,15 +96,17 @@ class OwnerHarness:
         self.items: list[Publication | JobDone] = []
         self.done = threading.Event()
         self.capacity = Capacity(max_lanes)
-        self.owner = Owner(stepper, TOKENIZER, OwnerConfig("w", "none", max_lanes, 100, 64), self.capacity,
-                           self._emit)
+        self.owner = Owner(stepper, TOKENIZER, OwnerConfig("w", "none", max_lanes, 100, 64), self.capacity, self)
         self.thread = threading.Thread(target=self.owner.run)
 
-    def _emit(self, item) -> bool:
+    def put(self, item) -> bool:  # the owner's sink
         self.items.append(item)
         if isinstance(item, JobDone):
             self.done.set()
         return False  # never merged: every event as the owner made it
+
+    def pump(self, wait_s: float) -> bool:
+        return False  # nothing is ever in flight
 
     def __enter__(self) -> OwnerHarness:
         self.thread.start()

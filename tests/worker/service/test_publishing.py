@@ -1,4 +1,5 @@
-"""Publishing events: one fenced, idempotent script call per batch, and a publisher that falls behind."""
+"""Publishing from the owner thread: one fenced, idempotent script call per batch, sent without
+waiting, resent after Redis goes away, merged while Redis is behind."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import redis
 
 from shared import keys
 from shared.protocol import DeltaEvent, JobState, parse_event
+from tests.support.redis_server import RedisServer
 from tests.worker.service.harness import (
     MODEL,
     InProcessWorker,
@@ -18,9 +20,11 @@ from tests.worker.service.harness import (
     text_of,
     token_ids_of,
     wait_done,
+    wait_for,
 )
 from tests.worker.service.test_service import reference
-from worker.redis_io import BlockingEventIO, JobRef, Publication, PublishResult
+from worker.publisher import Publisher
+from worker.redis_io import BATCH_SCRIPT, JobDone, JobRef, Publication, PublishResult, batch_call
 
 STREAM = keys.request_stream(MODEL)
 
@@ -39,20 +43,37 @@ def delta(ref: JobRef, seq: int, token: int) -> Publication:
     return Publication(ref, event, [list(range(seq + 1))], [])
 
 
+def run_batch(client: redis.Redis, items: list, worker_id: str = "w1") -> list[PublishResult]:
+    script_keys, args = batch_call(items, worker_id)
+    return [PublishResult(int(r)) for r in client.register_script(BATCH_SCRIPT)(script_keys, args)]
+
+
+class Recorder:
+    """A publisher's callbacks, written down."""
+
+    def __init__(self) -> None:
+        self.lost: list[str] = []
+        self.done: list[JobRef] = []
+
+
+def publisher(url: str, recorder: Recorder, worker_id: str = "w1") -> Publisher:
+    pool = redis.ConnectionPool.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return Publisher(pool, worker_id, STREAM, 2.0, recorder.lost.append, recorder.done.append)
+
+
 def test_a_batch_is_fenced_event_by_event_and_a_retry_lands_nothing_twice(client) -> None:
     for name in ("a", "b"):
         client.xadd(STREAM, {"id": name})
     [ours] = read_entries(client, "w1", 1)
     [theirs] = read_entries(client, "ghost", 1)
     a, b = JobRef("a", STREAM, ours, 1), JobRef("b", STREAM, theirs, 1)
-    io = BlockingEventIO(client, "w1")
     pubsub = client.pubsub()
     pubsub.subscribe(keys.events_channel("a"))
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"
     batch = [delta(a, 0, 0), delta(b, 0, 0), delta(a, 1, 1)]
 
-    assert io.publish(batch) == [PublishResult.APPLIED, PublishResult.FENCED, PublishResult.APPLIED]
-    assert io.publish(batch) == [PublishResult.DUPLICATE, PublishResult.FENCED, PublishResult.DUPLICATE]
+    assert run_batch(client, batch) == [PublishResult.APPLIED, PublishResult.FENCED, PublishResult.APPLIED]
+    assert run_batch(client, batch) == [PublishResult.DUPLICATE, PublishResult.FENCED, PublishResult.DUPLICATE]
 
     logged = [parse_event(raw) for raw in client.lrange(keys.event_log("a"), 0, -1)]
     assert [(e.seq, e.token_ids) for e in logged] == [(0, [0]), (1, [1])]
@@ -68,22 +89,106 @@ def test_a_stale_attempt_is_fenced(client) -> None:
     client.xadd(STREAM, {"id": "a"})
     [entry] = read_entries(client, "w1", 1)
     client.hset(keys.job_state("a"), mapping={"attempt": "2", "next_seq": "0"})  # reclaimed meanwhile
-    io = BlockingEventIO(client, "w1")
-    assert io.publish([delta(JobRef("a", STREAM, entry, 1), 0, 0)]) == [PublishResult.FENCED]
+    assert run_batch(client, [delta(JobRef("a", STREAM, entry, 1), 0, 0)]) == [PublishResult.FENCED]
     assert not client.exists(keys.event_log("a"))
+
+
+def test_an_ack_in_a_batch_lands_after_the_events_before_it_and_only_for_its_owner(client) -> None:
+    client.xadd(STREAM, {"id": "a"})
+    [entry] = read_entries(client, "w1", 1)
+    ref = JobRef("a", STREAM, entry, 1)
+    batch = [delta(ref, 0, 0), JobDone(ref)]
+
+    assert run_batch(client, batch) == [PublishResult.APPLIED, PublishResult.APPLIED]
+    assert client.xlen(STREAM) == 0 and client.xpending(STREAM, keys.CONSUMER_GROUP)["pending"] == 0
+    assert not client.exists(keys.job_state("a"))
+    assert client.llen(keys.event_log("a")) == 1, "the event landed before the ack"
+    assert run_batch(client, [JobDone(ref)]) == [PublishResult.FENCED], "acknowledged once"
+
+
+def test_pump_sends_without_waiting_and_takes_the_reply_at_a_later_pump(redis_server, client) -> None:
+    for name in ("a", "b"):
+        client.xadd(STREAM, {"id": name})
+    [ours] = read_entries(client, "w1", 1)
+    [theirs] = read_entries(client, "ghost", 1)
+    a, b = JobRef("a", STREAM, ours, 1), JobRef("b", STREAM, theirs, 1)
+    recorder = Recorder()
+    sink = publisher(redis_server.url, recorder)
+    try:
+        assert not sink.put(delta(a, 0, 0))
+        assert not sink.put(delta(b, 0, 0))
+        assert sink.pump(0.0), "sent, not yet answered"
+        assert not sink.put(delta(a, 1, 1)), "a batch in flight is never merged into"
+        assert sink.put(delta(a, 2, 2)), "while it waits, the next step merges into the pending delta"
+        sink.put(JobDone(a))
+        assert wait_for(lambda: not sink.pump(0.01), 10, "the publisher to finish")
+    finally:
+        sink.close()
+    assert recorder.lost == ["b"] and recorder.done == [a]
+    logged = [parse_event(raw) for raw in client.lrange(keys.event_log("a"), 0, -1)]
+    assert [(e.seq, e.token_ids) for e in logged] == [(0, [0]), (1, [1, 2])]
+    assert client.xpending(STREAM, keys.CONSUMER_GROUP)["pending"] == 1, "only the ghost's entry is left"
+
+
+def test_redis_gone_mid_stream_the_batch_is_resent_and_nothing_lands_twice() -> None:
+    with RedisServer(persist=True) as server:
+        client = server.client(decode_responses=True)
+        client.xadd(STREAM, {"id": "a"})
+        [entry] = read_entries(client, "w1", 1)
+        ref = JobRef("a", STREAM, entry, 1)
+        recorder = Recorder()
+        sink = publisher(server.url, recorder)
+        try:
+            sink.put(delta(ref, 0, 0))
+            assert wait_for(lambda: not sink.pump(0.01), 10, "the first event to land")
+            client.close()
+            server.stop(keep_data=True)
+            sink.put(delta(ref, 1, 1))
+            assert sink.pump(0.01) and sink.pump(0.01), "unsent: redis is down, the owner goes on"
+            server.start()
+            sink.put(delta(ref, 2, 2))
+            sink.put(JobDone(ref))
+            assert wait_for(lambda: not sink.pump(0.05), 20, "the publisher to catch up")
+        finally:
+            sink.close()
+        client = server.client(decode_responses=True)
+        logged = [parse_event(raw) for raw in client.lrange(keys.event_log("a"), 0, -1)]
+        assert [(e.seq, e.token_ids) for e in logged] == [(0, [0]), (1, [1]), (2, [2])]
+        assert recorder.done == [ref] and not recorder.lost
+        assert client.xlen(STREAM) == 0
+        client.close()
+
+
+def test_a_script_redis_forgot_is_loaded_again(redis_server, client) -> None:
+    client.xadd(STREAM, {"id": "a"})
+    [entry] = read_entries(client, "w1", 1)
+    ref = JobRef("a", STREAM, entry, 1)
+    recorder = Recorder()
+    sink = publisher(redis_server.url, recorder)
+    try:
+        sink.put(delta(ref, 0, 0))
+        assert wait_for(lambda: not sink.pump(0.01), 10, "the first event to land")
+        client.script_flush()
+        sink.put(delta(ref, 1, 1))
+        assert wait_for(lambda: not sink.pump(0.01), 10, "the second event to land")
+    finally:
+        sink.close()
+    assert client.llen(keys.event_log("a")) == 2 and not recorder.lost
 
 
 def test_a_publisher_far_behind_the_model_merges_steps_and_loses_nothing(redis_server, client, served_none,
                                                                         monkeypatch: pytest.MonkeyPatch):
-    publish = BlockingEventIO.publish
+    take_reply = Publisher._take_reply
     calls = []
 
-    def slow_publish(self, publications):  # the first round trip takes a second, the others 30 ms
-        time.sleep(0.03 if calls else 1.0)
-        calls.append(len(publications))
-        return publish(self, publications)
+    def slow_reply(self, wait_s):  # the first round trip takes a second, the others 30 ms
+        if time.monotonic() - self._sent_at < (0.03 if calls else 1.0):
+            time.sleep(wait_s)
+            return
+        calls.append(1)
+        take_reply(self, wait_s)
 
-    monkeypatch.setattr(BlockingEventIO, "publish", slow_publish)
+    monkeypatch.setattr(Publisher, "_take_reply", slow_reply)
     body = chat_body("Tell me a story about a fox", max_tokens=40)
     with InProcessWorker(service_config(redis_server.url), served_none):
         events = wait_done(client, submit(client, body), timeout_s=60)  # also checks seq == log index
