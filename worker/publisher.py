@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import hiredis
 import redis
 import redis.exceptions
 
@@ -111,17 +112,23 @@ class Publisher:
         assert self._batch is not None
         connection = self._connection or self._connect()
         script_keys, args = batch_call(self._batch, self.worker_id)
-        connection.send_packed_command(connection.pack_command("EVALSHA", self._sha, len(script_keys),
-                                                               *script_keys, *args), check_health=False)
+        # hiredis packs in C; redis-py's own packing costs the owner ~4x as much per step
+        command = hiredis.pack_command(("EVALSHA", self._sha, len(script_keys), *script_keys, *args))
+        connection.send_packed_command([command], check_health=False)
         self._sent_at = time.monotonic()
 
     def _take_reply(self, wait_s: float) -> None:
         assert self._batch is not None and self._sent_at is not None and self._connection is not None
-        if not self._connection.can_read(timeout=wait_s):
+        connection = self._connection
+        try:
+            if wait_s > 0 and not connection.can_read(timeout=wait_s):
+                raise redis.exceptions.TimeoutError("not yet")
+            # Between steps: one non-blocking read, the cheapest look (a partial reply stays buffered)
+            results = connection.read_response(timeout=0, disconnect_on_error=False)
+        except redis.exceptions.TimeoutError:
             if time.monotonic() - self._sent_at > self.reply_timeout_s:
-                raise redis.exceptions.TimeoutError(f"no reply within {self.reply_timeout_s:g}s")
+                raise redis.exceptions.TimeoutError(f"no reply within {self.reply_timeout_s:g}s") from None
             return
-        results = self._connection.read_response()  # the rest of a reply that began follows at once
         batch, self._batch, self._sent_at = self._batch, None, None
         self._backoff_s = BACKOFF_MIN_S
         for item, result in zip(batch, results, strict=True):
