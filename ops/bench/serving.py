@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from tqdm import tqdm
 
-from ops.bench.client import RequestRecord, chat_body, latency_ms, run_level, stream_chat
+from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
 from ops.bench.plots import serving_figure
 from ops.bench.results import SIDE_BY_SIDE_NOTE, machine_info, parse_int_list, ratio, results_dir, write_json
 from ops.bench.serving_report import serving_markdown
@@ -171,7 +170,8 @@ def compare_in_process(stack: Stack, config: ServingConfig, bar: tqdm) -> dict:
 async def _alternate(base_url: str, served, encode_prompt, bodies: list[dict], config: ServingConfig, bar: tqdm):
     gateway: list[RequestRecord] = []
     local: list[RequestRecord] = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=config.level_timeout_s) as client:
+    client = SseClient(base_url, config.level_timeout_s)
+    try:
         for index, body in enumerate(bodies):
             prompt = body["messages"][0]["content"]
             for path in ("gateway", "local") if index % 2 == 0 else ("local", "gateway"):
@@ -180,6 +180,8 @@ async def _alternate(base_url: str, served, encode_prompt, bodies: list[dict], c
                 else:  # blocks the loop on purpose: nothing else is in flight
                     local.append(in_process_request(served, encode_prompt, prompt, config))
                 bar.update()
+    finally:
+        await client.aclose()
     return gateway, local
 
 
