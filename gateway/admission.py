@@ -5,37 +5,50 @@
     workers for it, none ready         -> 503 no_ready_worker
     waiting + pending >= max_queue     -> 429 queue_full, with Retry-After
 
+Everything is read in one script call, because admission is on every request's way to its first
+token: the fleet's heartbeats and the stream's length. Waiting + pending is the stream's length:
+workers XACK *and* XDEL a finished job in one script (see `shared.queue_stats`).
+
 The queue limit is soft under concurrency (two requests may both see room); it is a load guard,
 not an invariant, and unread jobs are never trimmed to enforce it.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from redis.asyncio import Redis
 
 from gateway import errors
-from shared.queue_stats import read_queue_stats
-from shared.live_workers import live_workers
+from shared import keys
 from shared.heartbeat import Heartbeat
+from shared.live_workers import parse_heartbeat
+
+# KEYS: the workers set, the model's request stream.  ARGV: the heartbeat key prefix.
+# Returns {{worker id, heartbeat as a flat HGETALL list, ...}, stream length}.
+_READ = """
+local fleet = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  fleet[#fleet + 1] = id
+  fleet[#fleet + 1] = redis.call('HGETALL', ARGV[1] .. id)
+end
+return {fleet, redis.call('XLEN', KEYS[2])}
+"""
 
 
-async def admit(redis: Redis, model: str, max_queue: int, retry_after_s: int) -> None:
-    """Raises ApiError when the request must be refused. Callers bound it with a timeout.
+class Admission:
+    def __init__(self, redis: Redis, max_queue: int, retry_after_s: int) -> None:
+        self._read = redis.register_script(_READ)
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
 
-    The fleet and the queue are read at once (each is a few round trips): this is on every
-    request's way to its first token."""
-    fleet = asyncio.ensure_future(live_workers(redis))
-    try:
-        stats = await read_queue_stats(redis, model)
-        workers = await fleet
-    finally:  # owned here: a failure or timeout above must not leave it running, nor its error unread
-        if not fleet.cancel() and not fleet.cancelled():
-            fleet.exception()
-    check_workers(workers, model)
-    if stats.depth >= max_queue:
-        raise errors.queue_full(model, stats.depth, retry_after_s)
+    async def admit(self, model: str) -> None:
+        """Raises ApiError when the request must be refused. Callers bound it with a timeout."""
+        fleet, depth = await self._read(keys=[keys.WORKERS_SET, keys.request_stream(model)],
+                                        args=[keys.worker_heartbeat("")])
+        rows = {fleet[i]: _pairs(fleet[i + 1]) for i in range(0, len(fleet), 2)}
+        workers = [beat for beat in map(parse_heartbeat, sorted(rows), map(rows.get, sorted(rows))) if beat]
+        check_workers(workers, model)
+        if int(depth) >= self.max_queue:
+            raise errors.queue_full(model, int(depth), self.retry_after_s)
 
 
 def check_workers(workers: list[Heartbeat], model: str) -> None:
@@ -46,3 +59,7 @@ def check_workers(workers: list[Heartbeat], model: str) -> None:
         raise errors.model_not_found(model)
     if not any(worker.ready for worker in serving):
         raise errors.no_ready_worker(model)
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.admission import Admission
 from gateway.errors import ApiError
 from gateway.hub import EventHub
 from gateway.metrics import GatewayMetrics
@@ -58,7 +59,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
         await hub.start()
         limits = Limits(max_tokens=settings.max_tokens_cap, max_n=settings.max_n)
         try:
-            yield {"services": Services(settings, redis, hub, gateway_metrics, limits)}
+            admission = Admission(redis, settings.max_queue, settings.retry_after_s)
+            yield {"services": Services(settings, redis, hub, gateway_metrics, limits, admission)}
         finally:
             await hub.stop()
             with anyio.move_on_after(settings.redis_timeout_s):
@@ -87,8 +89,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
 def connect_redis(settings: GatewaySettings) -> Redis:
     """Connects lazily; a Redis that is down at start shows up in /health, not as a crash.
 
-    Every request in flight holds up to two connections at once (admission reads the fleet and
-    the queue together), and redis-py's pool fails a command at once, with MaxConnectionsError,
+    Every request in flight holds a connection while it waits on Redis, and redis-py's pool fails a command at once, with MaxConnectionsError,
     when all of its connections are out: 64 streaming clients hit that. A blocking pool makes a
     command wait for a free connection instead, up to the Redis timeout."""
     pool = BlockingConnectionPool.from_url(

@@ -1,14 +1,20 @@
 """One pub/sub connection per gateway process, routing each request's event channel to a queue.
 
-`subscription(id)` returns only after Redis has confirmed the SUBSCRIBE, so the caller can XADD
-the job knowing no event can be published before it listens. Messages lost anyway (pub/sub is
-at-most-once, e.g. across a reconnect) are repaired by `delivery.EventReader` from the event log.
+The gateway subscribes once, at start, to a pattern that matches the event channels of its own
+requests only: every request id it makes carries its `token` (`chatcmpl-<token><uuid>`), and the
+hub listens on `arbor:events:*-<token>*`. A request then needs no SUBSCRIBE of its own (one round
+trip off every time-to-first-token, and no UNSUBSCRIBE at the end): `subscription(id)` registers a
+queue and returns once the pattern subscription is confirmed, so the caller can XADD the job
+knowing its events have a listener. Messages lost anyway (pub/sub is at-most-once, e.g. across a
+reconnect, when redis-py subscribes the pattern again) are repaired by `delivery.EventReader` from
+the event log; messages for requests that are over are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,11 +34,15 @@ class EventHub:
     def __init__(self, redis: Redis, timeout_s: float) -> None:
         self._pubsub = redis.pubsub()
         self._timeout_s = timeout_s
+        self.token = uuid.uuid4().hex[:8]  # in every request id this gateway makes
+        self._pattern = keys.events_channel(f"*-{self.token}*")
         self._queues: dict[str, asyncio.Queue] = {}
-        self._confirmations: dict[str, asyncio.Future[None]] = {}
-        self._commands = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE on the wire at a time
-        self._connected = asyncio.Event()  # set once the first SUBSCRIBE opened the connection
+        self._listening = asyncio.Event()  # the pattern subscription is confirmed
         self._reader: asyncio.Task[None] | None = None
+
+    def request_id(self, prefix: str) -> str:
+        """A new request id whose events this hub receives."""
+        return f"{prefix}-{self.token}{uuid.uuid4().hex}"
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_forever(), name="arbor-event-hub")
@@ -46,39 +56,27 @@ class EventHub:
 
     @asynccontextmanager
     async def subscription(self, request_id: str) -> AsyncIterator[asyncio.Queue]:
-        """A queue that receives the raw JSON of every event published for `request_id`."""
+        """A queue that receives the raw JSON of every event published for `request_id` (an id
+        from `request_id()`). Raises TimeoutError if the hub cannot listen (Redis down)."""
         channel = keys.events_channel(request_id)
+        assert f"-{self.token}" in request_id, f"{request_id} is not one of this gateway's request ids"
         queue: asyncio.Queue = asyncio.Queue()
-        confirmed = asyncio.get_running_loop().create_future()
         self._queues[channel] = queue
-        self._confirmations[channel] = confirmed
         try:
             async with asyncio.timeout(self._timeout_s):
-                async with self._commands:
-                    await self._pubsub.subscribe(channel)
-                self._connected.set()
-                await confirmed
+                await self._listening.wait()
             yield queue
         finally:
             self._queues.pop(channel, None)
-            self._confirmations.pop(channel, None)
-            await self._unsubscribe(channel)
-
-    async def _unsubscribe(self, channel: str) -> None:
-        # Shielded: this runs while the request is being cancelled (client gone, shutdown).
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._timeout_s):
-            try:
-                async with self._commands:
-                    await self._pubsub.unsubscribe(channel)
-            except (RedisError, OSError) as exc:
-                log.warning("unsubscribe from %s failed: %s", channel, exc)
 
     async def _read_forever(self) -> None:
-        await self._connected.wait()
         while True:
             try:
+                if not self._pubsub.subscribed:
+                    await self._pubsub.psubscribe(self._pattern)
                 message = await self._pubsub.get_message(timeout=READ_TIMEOUT_S)
             except (RedisError, OSError) as exc:
+                self._listening.clear()
                 log.warning("event hub read failed, retrying: %s", exc)
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
@@ -90,12 +88,10 @@ class EventHub:
                 self._dispatch(message)
 
     def _dispatch(self, message: dict) -> None:
-        channel = message["channel"]
-        if message["type"] == "message":
-            queue = self._queues.get(channel)
+        kind = message["type"]
+        if kind == "pmessage":
+            queue = self._queues.get(message["channel"])
             if queue is not None:
                 queue.put_nowait(message["data"])
-        elif message["type"] == "subscribe":
-            confirmed = self._confirmations.get(channel)
-            if confirmed is not None and not confirmed.done():
-                confirmed.set_result(None)
+        elif kind == "psubscribe":  # also after redis-py reconnected and subscribed the pattern again
+            self._listening.set()

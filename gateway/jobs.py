@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-import uuid
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 
@@ -14,15 +14,17 @@ from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl"}
 
 
-def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, timeout_s: float) -> Job:
-    """The job for a validated request; max_tokens is resolved here so workers see one number."""
+def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, timeout_s: float,
+            make_id: Callable[[str], str]) -> Job:
+    """The job for a validated request; max_tokens is resolved here so workers see one number.
+    `make_id` turns the id prefix into a request id (the event hub's, so it hears the events)."""
     updates: dict[str, int | None] = {"max_tokens": req.requested_max_tokens() or default_max_tokens}
     if isinstance(req, ChatCompletionRequest):
         updates["max_completion_tokens"] = None
     body = req.model_copy(update=updates).model_dump_json(exclude_none=True)
     now = time.time()
     return Job(
-        id=f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}",
+        id=make_id(ID_PREFIXES[kind]),
         model=req.model,
         kind=kind,
         body=body,

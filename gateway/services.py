@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from gateway.admission import Admission
 from gateway.hub import EventHub
 from gateway.metrics import GatewayMetrics
 from shared.openai_schema import Limits
@@ -19,3 +20,4 @@ class Services:
     hub: EventHub
     metrics: GatewayMetrics
     limits: Limits
+    admission: Admission

@@ -22,10 +22,11 @@ async def live_workers(redis: Redis) -> list[Heartbeat]:
         for worker_id in worker_ids:
             pipe.hgetall(keys.worker_heartbeat(worker_id))
         rows = await pipe.execute()
-    return [beat for beat in map(_parse, worker_ids, rows) if beat is not None]
+    return [beat for beat in map(parse_heartbeat, worker_ids, rows) if beat is not None]
 
 
-def _parse(worker_id: str, fields: dict[str, str]) -> Heartbeat | None:
+def parse_heartbeat(worker_id: str, fields: dict[str, str]) -> Heartbeat | None:
+    """None for an expired (empty) or malformed heartbeat."""
     if not fields:
         return None  # expired: the worker stopped beating
     try:

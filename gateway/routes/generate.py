@@ -15,7 +15,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import errors
-from gateway.admission import admit
 from gateway.chat_format import ChatFormat
 from gateway.completion_format import CompletionFormat
 from gateway.delivery import ClientGone
@@ -57,7 +56,7 @@ async def _generate(request: Request, kind: JobKind) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     req = parse_request(kind, raw, svc.limits)
     await _admit(svc, req.model)
-    job = new_job(kind, req, svc.settings.default_max_tokens, svc.settings.request_timeout_s)
+    job = new_job(kind, req, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
     fmt = _format(req, job.id, int(job.created))
     gen = Generation(svc, job, req.n, disconnect_watch(request.scope), arrived)
     if req.stream:
@@ -77,7 +76,7 @@ async def _admit(svc: Services, model: str) -> None:
     settings = svc.settings
     try:
         async with asyncio.timeout(settings.redis_timeout_s):
-            await admit(svc.redis, model, settings.max_queue, settings.retry_after_s)
+            await svc.admission.admit(model)
     except (RedisError, OSError, TimeoutError) as exc:
         raise errors.redis_unavailable(exc) from exc
 
