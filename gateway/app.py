@@ -89,8 +89,9 @@ def create_app(settings: GatewaySettings) -> Starlette:
 def connect_redis(settings: GatewaySettings) -> Redis:
     """Connects lazily; a Redis that is down at start shows up in /health, not as a crash.
 
-    Every request in flight holds a connection while it waits on Redis, and redis-py's pool fails a command at once, with MaxConnectionsError,
-    when all of its connections are out: 64 streaming clients hit that. A blocking pool makes a
+    Every request in flight holds a connection while it waits on Redis, and redis-py's pool fails
+    a command at once, with MaxConnectionsError, when all of its connections are out: 64
+    streaming clients hit that. A blocking pool makes a
     command wait for a free connection instead, up to the Redis timeout."""
     pool = BlockingConnectionPool.from_url(
         settings.redis_url,

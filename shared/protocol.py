@@ -2,10 +2,12 @@
 
 A request's life, with the Redis names from `shared.keys`:
 
-1. The gateway SUBSCRIBEs to `events_channel(id)` and only then XADDs a `Job` (`Job.to_fields()`)
-   to `request_stream(model)`. The consumer group `CONSUMER_GROUP` is created with start id "0"
-   (`XGROUP CREATE ... 0 MKSTREAM`) by whichever side gets there first; BUSYGROUP is not an error.
-2. A worker XREADGROUPs the job when it has a free lane and writes `JobState` to `job_state(id)`.
+1. The gateway listens on `events_channel(id)` and only then XADDs a `Job` (`Job.to_fields()`)
+   to `request_stream(model)` (it PSUBSCRIBEs once to a pattern matching every id it makes).
+   The consumer group `CONSUMER_GROUP` is created with start id "0" (`XGROUP CREATE ... 0
+   MKSTREAM`) by whichever side gets there first; BUSYGROUP is not an error.
+2. A worker XREADGROUPs the job when it has a free lane; `JobState` in `job_state(id)` is written
+   with its first event (a reclaimer writes it when it claims the job).
    It re-validates `Job.body` with `shared.openai_schema` (no limits context) and reads:
    `to_sampling_params(req)` (max_tokens is always set by the gateway), `n` (one lane per choice
    or a lane with n streams: every event names its `choice`), chat `logprobs` / `top_logprobs`,

@@ -1,7 +1,9 @@
 """Stream entries -> running jobs, or -> an error event (and maybe a dead letter) when they cannot run.
 
 For each entry read or reclaimed: parse it (malformed: poison), take over its job state (which
-also says which delivery this is), then refuse it if it was delivered too often (dead letter),
+also says which delivery this is; an entry read new with XREADGROUP `>` is its first delivery, has
+no state yet and needs no claim: the first publish writes the state, fenced like every publish),
+then refuse it if it was delivered too often (dead letter),
 passed its deadline, or was cancelled before it started; otherwise prepare it (template,
 tokenizer, sampling; off the event loop unless the body is short) and hand it to the owner thread.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from shared.protocol import ErrorCode, ErrorEvent, Job, JobState
 from worker.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
-from worker.redis_io import JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
+from worker.redis_io import Claim, JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
 from worker.serving_model import ServingModel
 
 log = logging.getLogger(__name__)
@@ -36,13 +38,20 @@ class Intake:
     hand_over: Callable[[JobSpec, JobRef], None]  # to the owner thread
     served: ServingModel | None = None  # set once the model is loaded
 
-    async def accept(self, entry_id: str, fields: dict[str, str]) -> None:
+    async def accept(self, entry_id: str, fields: dict[str, str], first_delivery: bool = False) -> None:
+        """`first_delivery`: read new (XREADGROUP `>`), so delivered once, to us, with no state yet;
+        no claim round trip on the way to its first token (a cancel sent before is seen by the
+        cancel-key poll instead)."""
         try:
             job = parse_job(fields)
         except PoisonJob as error:
             await self._poison(entry_id, fields, error)
             return
-        claimed = await self.io.claim(self.stream, entry_id, job.id)
+        if first_delivery:
+            fresh = JobState(worker=self.io.worker_id, attempt=1, emitted_token_ids=[])
+            claimed: Claim | None = Claim(1, fresh, False)
+        else:
+            claimed = await self.io.claim(self.stream, entry_id, job.id)
         if claimed is None:
             return  # taken by another worker between read and claim
         attempt, state = claimed.attempt, claimed.state

@@ -261,7 +261,7 @@ class WorkerService:
             await asyncio.sleep(FREE_LANE_POLL_S)
             return
         for entry_id, fields in await self.io.read_new(self.config.stream, 1, READ_BLOCK_MS):
-            await self._intake.accept(entry_id, fields)
+            await self._intake.accept(entry_id, fields, first_delivery=True)
 
     async def _reclaim_once(self) -> None:
         await asyncio.sleep(self.config.heartbeat_interval_s)

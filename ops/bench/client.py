@@ -130,7 +130,8 @@ async def _read_head(reader: asyncio.StreamReader) -> StreamedResponse:
     parts = head[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
         raise HttpError(f"not an HTTP/1.x status line: {head[0]!r}")
-    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in head[1:] if line)}
+    fields = (line.partition(":") for line in head[1:] if line)
+    headers = {name.strip().lower(): value.strip() for name, _, value in fields}
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
     return StreamedResponse(int(parts[1]), reader, chunked, int(headers.get("content-length", 0)))
 

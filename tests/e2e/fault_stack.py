@@ -171,6 +171,16 @@ class FaultStack:
         lanes_busy = sum(beat.lanes_busy for beat in self.heartbeats().values())
         return pending == 0 and waiting == 0 and not job_states and lanes_busy == 0 and self.requests_running() == 0
 
+    def job_owner(self, request_id: str) -> str | None:
+        """The worker holding the request's stream entry (pending for it), if any."""
+        stream = keys.request_stream(MODEL)
+        with self.redis() as client:
+            for entry_id, fields in client.xrange(stream):
+                if fields.get("id") == request_id:
+                    pending = client.xpending_range(stream, keys.CONSUMER_GROUP, min=entry_id, max=entry_id, count=1)
+                    return pending[0]["consumer"] if pending else None
+        return None
+
     def requests_running(self) -> float:
         """The gateway's `arbor_requests_running` gauge: generations it still has in flight."""
         exposition = httpx.get(f"{self.base_url}/metrics", timeout=10).text

@@ -212,8 +212,7 @@ def test_a_worker_killed_in_prefill_is_invisible_to_the_client(faults: FaultStac
     client.start()
     request_id = wait_until(lambda: client.stream.request_id, END_S, "the stream to open")
     with faults.redis() as redis_client:
-        owner = wait_until(lambda: redis_client.hget(keys.job_state(request_id), "worker"), END_S,
-                           "a worker to take the job")
+        owner = wait_until(lambda: faults.job_owner(request_id), END_S, "a worker to take the job")
         steps_at_claim = faults.steps(owner)
         wait_until(lambda: faults.steps(owner) > steps_at_claim, END_S, "a prefill chunk to run")
         faults.kill_worker(owner)

@@ -125,6 +125,18 @@ def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client,
         assert isinstance(wait_done(client, after)[-1], FinalEvent)
 
 
+def test_a_job_cancelled_before_any_worker_read_it_ends_cancelled_and_is_acknowledged(redis_server, client,
+                                                                                     served_none):
+    request_id = submit(client, chat_body("Tell me a long story", max_tokens=400))
+    client.set(keys.cancel_key(request_id), "1", ex=60)  # the client left while the job waited
+    with InProcessWorker(service_config(redis_server.url), served_none) as worker:
+        events = wait_done(client, request_id, timeout_s=30)
+        wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
+        assert worker.service.capacity.held == 0
+    assert events[-1].finish_reason == "cancelled"
+    assert len(token_ids_of(events)) < 400
+
+
 def test_poison_jobs_are_dead_lettered_and_the_worker_keeps_serving(redis_server, client, served_none):
     stream = keys.request_stream(MODEL)
     with InProcessWorker(service_config(redis_server.url), served_none):
