@@ -17,7 +17,7 @@ A request's life, with the Redis names from `shared.keys`:
 3. Every event is written atomically (a Lua script, fenced on ownership; a batch of events is
    one script call), so the log, the channel and the state never disagree:
        RPUSH event_log(id) <json>; EXPIRE event_log(id) EVENT_LOG_TTL_S;
-       PUBLISH events_channel(id) <json>; HSET job_state(id) next_seq <seq+1> ...; EXPIRE ...
+       PUBLISH events_channel(id) <json>; HSET job_state(id) worker, attempt, next_seq <seq+1>; EXPIRE ...
    `seq` starts at 0 and is contiguous per request *across attempts*, so LRANGE index == seq.
    Pub/sub is at-most-once: the gateway repairs a gap (or silence) with LRANGE on the log.
    A delta carries the tokens of one decode step or, when steps waited to be published, of
@@ -30,7 +30,7 @@ A request's life, with the Redis names from `shared.keys`:
    step and cleans up as in 4; a final with finish_reason "cancelled" is optional (nobody waits).
 6. Worker death: a reclaimer XAUTOCLAIMs the job (only if the owner's heartbeat has expired),
    takes attempt = `JobState.attempt` + 1 (the entry's fields are immutable), and resumes from
-   prompt + `JobState.emitted_token_ids`, continuing at `JobState.next_seq`. A stale attempt
+   prompt + the tokens of the deltas in the event log, continuing at `JobState.next_seq`. A stale attempt
    must not publish (fence on `JobState.attempt`). After `max_attempts` deliveries the job goes
    to `DEAD_LETTER_STREAM` and an `ErrorEvent` (code `dead_letter`) is published.
 """
@@ -38,7 +38,7 @@ A request's life, with the Redis names from `shared.keys`:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -91,32 +91,39 @@ class Job(BaseModel):
 
 
 class JobState(BaseModel):
-    """The owning worker's progress in `job_state(id)`; what a reclaimer resumes from."""
+    """The owning worker's progress; what a reclaimer resumes from.
+
+    `job_state(id)` holds only who owns the job (worker, attempt) and `next_seq`, written with
+    every event. What was emitted and which choices finished is read back from the event log on
+    a claim (`from_fields(fields, log)`): the log holds every published event, in seq order, and is
+    written in the same script as the state, so the two always agree. Writing the emitted tokens
+    into the state with every event would cost O(tokens so far) per step: quadratic per request.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     worker: str
     attempt: int
-    emitted_token_ids: list[list[int]]  # per choice, every token already published
+    emitted_token_ids: list[list[int]] = Field(default_factory=list)  # per choice, every token published
     finished_choices: list[int] = Field(default_factory=list)  # choices whose final is published
     next_seq: int = 0
 
     def to_fields(self) -> dict[str, str]:
-        return {
-            "worker": self.worker,
-            "attempt": str(self.attempt),
-            "emitted_token_ids": json.dumps(self.emitted_token_ids),
-            "finished_choices": json.dumps(self.finished_choices),
-            "next_seq": str(self.next_seq),
-        }
+        return {"worker": self.worker, "attempt": str(self.attempt), "next_seq": str(self.next_seq)}
 
     @classmethod
-    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> JobState:
+    def from_fields(cls, fields: Mapping[bytes | str, bytes | str],
+                    log: Sequence[bytes | str] = ()) -> JobState:
+        """The state hash plus the job's event log (its first `next_seq` entries are replayed)."""
         raw = {_decode(k): _decode(v) for k, v in fields.items()}
-        for name in ("emitted_token_ids", "finished_choices"):
-            if name in raw:
-                raw[name] = json.loads(raw[name])
-        return cls.model_validate(raw)
+        state = cls(worker=raw["worker"], attempt=int(raw["attempt"]), next_seq=int(raw.get("next_seq", 0)))
+        for event in map(parse_event, log[: state.next_seq]):
+            if isinstance(event, DeltaEvent):
+                state.emitted_token_ids += [[] for _ in range(event.choice + 1 - len(state.emitted_token_ids))]
+                state.emitted_token_ids[event.choice] += event.token_ids
+            elif isinstance(event, FinalEvent):
+                state.finished_choices.append(event.choice)
+        return state
 
 
 class TopLogprob(BaseModel):

@@ -48,8 +48,7 @@ class Intake:
             await self._poison(entry_id, fields, error)
             return
         if first_delivery:
-            fresh = JobState(worker=self.io.worker_id, attempt=1, emitted_token_ids=[])
-            claimed: Claim | None = Claim(1, fresh, False)
+            claimed: Claim | None = Claim(1, JobState(worker=self.io.worker_id, attempt=1), False)
         else:
             claimed = await self.io.claim(self.stream, entry_id, job.id)
         if claimed is None:
@@ -89,7 +88,7 @@ class Intake:
     async def _end_with_error(self, ref: JobRef, state: JobState, code: str, message: str,
                               dead_letter: dict[str, str] | None = None) -> None:
         event = ErrorEvent(id=ref.request_id, attempt=ref.attempt, seq=state.next_seq, message=message, code=code)
-        publication = Publication(ref, event, state.emitted_token_ids, state.finished_choices)
+        publication = Publication(ref, event)
         if (await self.io.publish([publication]))[0] is PublishResult.FENCED:
             return
         letter = None

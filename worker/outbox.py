@@ -11,9 +11,8 @@ catches up:
     pending  [delta seq 4 "Hello" ids [7, 9], final of another job]
 
 A publisher that keeps up takes every step as its own event: nothing waits to be merged. Seq
-stays contiguous (the owner numbers only what it queued), and the merged item carries the newer
-job state snapshot, which is right because it is the job's last pending item: the state written
-with each event still lists exactly the tokens published up to and including it.
+stays contiguous (the owner numbers only what it queued), and the event log still holds every
+token published, in order (a reclaimer replays it: see `JobState`).
 
 Taken items are never touched again, so a batch whose publish failed is retried exactly as it was.
 Only the owner thread uses an outbox: no lock.
@@ -57,6 +56,4 @@ def _merge_into(pending: BatchItem, item: BatchItem) -> bool:
     if merged is None:
         return False
     pending.event = merged
-    pending.emitted_token_ids = item.emitted_token_ids
-    pending.finished_choices = item.finished_choices
     return True

@@ -19,7 +19,6 @@ deleted from the stream as [id, nil] inside `entries`; Redis 7+ answers [next, e
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,34 +36,35 @@ local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 local owned = #pending == 1 and pending[1][2] == ARGV[3]
 """
 
-# KEYS: stream, job state, cancel key.  ARGV: group, entry id, consumer, state ttl.
-# Returns nil if the entry is not ours, else {deliveries, state as a flat HGETALL list, cancelled}.
+# KEYS: stream, job state, cancel key, event log.  ARGV: group, entry id, consumer, state ttl.
+# Returns nil if the entry is not ours, else {deliveries, state as a flat HGETALL list, cancelled,
+# the event log} (what was published before is replayed from the log: see `JobState`).
 _CLAIM = _OWNED + """
 if not owned then return false end
 local attempt = pending[1][4]
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('HSET', KEYS[2], 'emitted_token_ids', '[]', 'finished_choices', '[]', 'next_seq', 0)
+  redis.call('HSET', KEYS[2], 'next_seq', 0)
 end
 redis.call('HSET', KEYS[2], 'worker', ARGV[3], 'attempt', attempt)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3])}
+local log = redis.call('LRANGE', KEYS[4], 0, -1)
+return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3]), log}
 """
 
 # The worker's writes from the owner thread, one call per batch, in order. KEYS: per op, its
 # stream, job state and event log.  ARGV: group, consumer, log ttl, state ttl, then per op
 # _BATCH_ARGS values: kind ('p' publish, 'c' complete), entry id, then for a publish: attempt,
-# seq, event json, channel, emitted_token_ids json, finished_choices json (a complete leaves
-# them empty).  Returns one result per op, in order: 1 applied, 0 a duplicate (seq already
-# landed), -1 fenced (not ours).  A publish pushes the event to the log and the channel and
-# leaves the job state it describes; a complete acknowledges and deletes the entry and drops
-# the state (XACK + XDEL + DEL).
-_BATCH_ARGS = 8
+# seq, event json, channel (a complete leaves them empty).  Returns one result per op, in order:
+# 1 applied, 0 a duplicate (seq already landed), -1 fenced (not ours).  A publish pushes the
+# event to the log and the channel and moves the job state's next_seq past it; a complete
+# acknowledges and deletes the entry and drops the state (XACK + XDEL + DEL).
+_BATCH_ARGS = 6
 _BATCH = """
 local function owned(stream, entry)
   local pending = redis.call('XPENDING', stream, ARGV[1], entry, entry, 1)
   return #pending == 1 and pending[1][2] == ARGV[2]
 end
-local function publish(stream, state, log, entry, attempt, seq, event, channel, emitted, finished)
+local function publish(stream, state, log, entry, attempt, seq, event, channel)
   if not owned(stream, entry) then return -1 end
   local current = redis.call('HGET', state, 'attempt')
   if current and current ~= attempt then return -1 end
@@ -73,8 +73,7 @@ local function publish(stream, state, log, entry, attempt, seq, event, channel, 
   redis.call('RPUSH', log, event)
   redis.call('EXPIRE', log, ARGV[3])
   redis.call('PUBLISH', channel, event)
-  redis.call('HSET', state, 'worker', ARGV[2], 'attempt', attempt, 'emitted_token_ids', emitted,
-             'finished_choices', finished, 'next_seq', seq + 1)
+  redis.call('HSET', state, 'worker', ARGV[2], 'attempt', attempt, 'next_seq', seq + 1)
   redis.call('EXPIRE', state, ARGV[4])
   return 1
 end
@@ -92,7 +91,7 @@ for i = 0, #KEYS / 3 - 1 do
     results[i + 1] = complete(KEYS[k + 1], KEYS[k + 2], ARGV[a + 2])
   else
     results[i + 1] = publish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-                             ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+                             ARGV[a + 5], ARGV[a + 6])
   end
 end
 return results
@@ -143,12 +142,10 @@ class JobRef:
 
 @dataclass(slots=True)
 class Publication:
-    """One event with the job state it leaves behind (written together)."""
+    """One event of a job (written with the job state it leaves: see `JobState`)."""
 
     ref: JobRef
     event: Event
-    emitted_token_ids: list[list[int]]
-    finished_choices: list[int]
 
 
 @dataclass(slots=True)
@@ -229,11 +226,12 @@ class RedisIO:
 
     async def claim(self, stream: str, entry_id: str, request_id: str) -> Claim | None:
         """Take over the job state for the entry we hold, in one round trip; None if not ours."""
-        reply = await self._claim(keys=[stream, keys.job_state(request_id), keys.cancel_key(request_id)],
+        reply = await self._claim(keys=[stream, keys.job_state(request_id), keys.cancel_key(request_id),
+                                        keys.event_log(request_id)],
                                   args=[keys.CONSUMER_GROUP, entry_id, self.worker_id, JOB_STATE_TTL_S])
         if reply is None:
             return None
-        return Claim(int(reply[0]), JobState.from_fields(_pairs(reply[1])), int(reply[2]) == 1)
+        return Claim(int(reply[0]), JobState.from_fields(_pairs(reply[1]), reply[3]), int(reply[2]) == 1)
 
     async def publish(self, publications: list[Publication]) -> list[PublishResult]:
         """Every event fenced on its own, applied in order, in one script call (one round trip)."""
@@ -281,7 +279,7 @@ def batch_call(items: list[BatchItem], worker_id: str) -> tuple[list[str], list[
 
 
 def _complete_args(ref: JobRef) -> list[Any]:
-    return ["c", ref.entry_id, "", "", "", "", "", ""]
+    return ["c", ref.entry_id, "", "", "", ""]
 
 
 def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | None) -> tuple[list[str], list[str]]:
@@ -291,8 +289,7 @@ def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | No
 
 def _publish_args(item: Publication) -> list[Any]:
     ref, event = item.ref, item.event
-    args = ["p", ref.entry_id, ref.attempt, event.seq, encode_event(event), keys.events_channel(ref.request_id),
-            json.dumps(item.emitted_token_ids), json.dumps(item.finished_choices)]
+    args = ["p", ref.entry_id, ref.attempt, event.seq, encode_event(event), keys.events_channel(ref.request_id)]
     assert len(args) == _BATCH_ARGS
     return args
 

@@ -17,6 +17,7 @@ from shared.protocol import (
     FinalEvent,
     Job,
     JobState,
+    Usage,
     encode_event,
     parse_control,
     parse_event,
@@ -52,16 +53,22 @@ def test_job_rejects_unknown_kind_and_extra_fields() -> None:
         Job.from_fields(fields | {"priority": "9"})
 
 
-def test_job_state_round_trips_through_a_hash() -> None:
-    state = JobState(
-        worker="w1", attempt=2, emitted_token_ids=[[1, 2], [3]], finished_choices=[1], next_seq=7
-    )
+def test_job_state_is_a_small_hash_and_its_tokens_are_replayed_from_the_event_log() -> None:
+    log = [
+        DeltaEvent(id="r", attempt=1, seq=0, choice=0, text="a", token_ids=[1, 2]),
+        DeltaEvent(id="r", attempt=1, seq=1, choice=1, text="b", token_ids=[3]),
+        FinalEvent(id="r", attempt=1, seq=2, choice=1, finish_reason="stop",
+                   usage=Usage(prompt_tokens=1, completion_tokens=1)),
+        DeltaEvent(id="r", attempt=2, seq=3, choice=0, text="c", token_ids=[4]),
+        DeltaEvent(id="r", attempt=2, seq=4, choice=0, text="d", token_ids=[5]),  # past next_seq: not yet landed
+    ]
+    fields = JobState(worker="w1", attempt=2, next_seq=4).to_fields()
 
-    fields = state.to_fields()
-
-    assert all(isinstance(v, str) for v in fields.values())
-    assert json.loads(fields["emitted_token_ids"]) == [[1, 2], [3]]
-    assert JobState.from_fields(fields) == state
+    assert fields == {"worker": "w1", "attempt": "2", "next_seq": "4"}
+    state = JobState.from_fields(fields, [encode_event(event) for event in log])
+    assert state == JobState(worker="w1", attempt=2, emitted_token_ids=[[1, 2, 4], [3]], finished_choices=[1],
+                             next_seq=4)
+    assert JobState.from_fields(fields) == JobState(worker="w1", attempt=2, next_seq=4)
 
 
 @given(
