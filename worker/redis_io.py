@@ -22,7 +22,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -29,6 +28,7 @@ from ops.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.live_stack import free_loopback_port, spawn
+from tests.support.waiting import wait_for
 
 MODEL = "tiny-qwen3"
 CONTEXT = 4096
@@ -193,10 +193,4 @@ class FaultStack:
 
 
 def wait_until(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return wait_for(condition, timeout_s, what, poll_s=0.05)

@@ -14,6 +14,7 @@ import redis
 
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job, parse_event
+from tests.support.waiting import wait_for
 from worker.service import ServiceConfig, WorkerService
 from worker.serving_model import ServingModel
 
@@ -75,14 +76,6 @@ class InProcessWorker:
             raise self.error
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def chat_body(content: str | list, max_tokens: int = 16, **fields: Any) -> dict:

@@ -61,6 +61,17 @@ def publisher(url: str, recorder: Recorder, worker_id: str = "w1") -> Publisher:
     return Publisher(pool, worker_id, STREAM, 2.0, recorder.lost.append, recorder.done.append)
 
 
+def started_job(client: redis.Redis, url: str) -> tuple[JobRef, Recorder, Publisher]:
+    """Job "a", read by w1, with its publisher, whose first event has landed."""
+    client.xadd(STREAM, {"id": "a"})
+    [entry] = read_entries(client, "w1", 1)
+    ref, recorder = JobRef("a", STREAM, entry, 1), Recorder()
+    sink = publisher(url, recorder)
+    sink.put(delta(ref, 0, 0))
+    assert wait_for(lambda: not sink.pump(0.01), 10, "the first event to land")
+    return ref, recorder, sink
+
+
 def test_a_batch_is_fenced_event_by_event_and_a_retry_lands_nothing_twice(client) -> None:
     for name in ("a", "b"):
         client.xadd(STREAM, {"id": name})
@@ -134,14 +145,8 @@ def test_pump_sends_without_waiting_and_takes_the_reply_at_a_later_pump(redis_se
 def test_redis_gone_mid_stream_the_batch_is_resent_and_nothing_lands_twice() -> None:
     with RedisServer(persist=True) as server:
         client = server.client(decode_responses=True)
-        client.xadd(STREAM, {"id": "a"})
-        [entry] = read_entries(client, "w1", 1)
-        ref = JobRef("a", STREAM, entry, 1)
-        recorder = Recorder()
-        sink = publisher(server.url, recorder)
+        ref, recorder, sink = started_job(client, server.url)
         try:
-            sink.put(delta(ref, 0, 0))
-            assert wait_for(lambda: not sink.pump(0.01), 10, "the first event to land")
             client.close()
             server.stop(keep_data=True)
             sink.put(delta(ref, 1, 1))
@@ -161,14 +166,8 @@ def test_redis_gone_mid_stream_the_batch_is_resent_and_nothing_lands_twice() -> 
 
 
 def test_a_script_redis_forgot_is_loaded_again(redis_server, client) -> None:
-    client.xadd(STREAM, {"id": "a"})
-    [entry] = read_entries(client, "w1", 1)
-    ref = JobRef("a", STREAM, entry, 1)
-    recorder = Recorder()
-    sink = publisher(redis_server.url, recorder)
+    ref, recorder, sink = started_job(client, redis_server.url)
     try:
-        sink.put(delta(ref, 0, 0))
-        assert wait_for(lambda: not sink.pump(0.01), 10, "the first event to land")
         client.script_flush()
         sink.put(delta(ref, 1, 1))
         assert wait_for(lambda: not sink.pump(0.01), 10, "the second event to land")
