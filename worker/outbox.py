@@ -16,11 +16,16 @@ token published, in order (a reclaimer replays it: see `JobState`).
 
 Taken items are never touched again, so a batch whose publish failed is retried exactly as it was.
 Only the owner thread uses an outbox: no lock.
+
+A stream interval above 1 (vLLM's `--stream-interval`) holds a job's deltas back until they carry
+that many tokens: fewer, larger events when steps are so short that publishing each one costs a
+noticeable share of it. A job's first event, any final or error, and everything before them in the
+job's order are always due, and `take(flush=True)` takes everything (the owner has no step to run).
 """
 
 from __future__ import annotations
 
-from shared.protocol import merge_deltas
+from shared.protocol import DeltaEvent, merge_deltas
 from worker.redis_io import BatchItem, Publication
 
 
@@ -39,14 +44,26 @@ class Outbox:
         self._items.append(item)
         return False
 
-    def take(self) -> list[BatchItem]:
-        """Everything pending, in order; the outbox is empty afterwards."""
-        items, self._items = self._items, []
-        self._last.clear()
-        return items
+    def take(self, stream_interval: int = 1, flush: bool = False) -> list[BatchItem]:
+        """Everything due, in order (with an interval of 1: everything); the rest stays, in order."""
+        if stream_interval <= 1 or flush:
+            items, self._items = self._items, []
+            self._last.clear()
+            return items
+        due = {item.ref.request_id for item in self._items if _due(item, stream_interval)}
+        taken = [item for item in self._items if item.ref.request_id in due]
+        self._items = [item for item in self._items if item.ref.request_id not in due]
+        self._last = {item.ref.request_id: index for index, item in enumerate(self._items)}
+        return taken
 
     def __bool__(self) -> bool:
         return bool(self._items)
+
+
+def _due(item: BatchItem, stream_interval: int) -> bool:
+    if not isinstance(item, Publication) or not isinstance(item.event, DeltaEvent):
+        return True  # a final, an error or an ack: the job's earlier items go with it
+    return item.event.seq == 0 or len(item.event.token_ids) >= stream_interval
 
 
 def _merge_into(pending: BatchItem, item: BatchItem) -> bool:

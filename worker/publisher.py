@@ -48,13 +48,14 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 
 class Publisher:
     def __init__(self, pool: redis.ConnectionPool, worker_id: str, stream: str, reply_timeout_s: float,
-                 on_lost: Callable[[str], None], on_done: Callable[[JobRef], None]):
+                 on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1):
         self.pool = pool  # a connection is made from it, not borrowed: it stays ours
         self.worker_id = worker_id
         self.stream = stream
         self.reply_timeout_s = reply_timeout_s
         self._on_lost = on_lost
         self._on_done = on_done
+        self.stream_interval = stream_interval  # tokens a job's delta gathers before it is sent
         self._outbox = Outbox()
         self._connection: redis.connection.AbstractConnection | None = None
         self._sha = ""
@@ -74,12 +75,14 @@ class Publisher:
 
     def pump(self, wait_s: float = 0.0) -> bool:
         """Take the reply to the batch in flight if it has come (waiting up to `wait_s` for it, or
-        for the end of a backoff), then send the next batch if there is one. Returns `busy`."""
+        for the end of a backoff), then send the next batch if there is one. A `wait_s` above 0
+        says the owner has no step to run: deltas held back by the stream interval go out too.
+        Returns `busy`."""
         try:
             if self._batch is not None and self._sent_at is not None:
                 self._take_reply(wait_s)
             if self._batch is None and self._outbox:
-                self._batch, self._sent_at = self._outbox.take(), None
+                self._batch, self._sent_at = self._outbox.take(self.stream_interval, flush=wait_s > 0) or None, None
             if self._batch is not None and self._sent_at is None:
                 delay = self._retry_at - time.monotonic()
                 if delay > 0 and wait_s > 0:

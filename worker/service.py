@@ -78,6 +78,7 @@ class ServiceConfig:
     redis_timeout_s: float = 5.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
+    stream_interval: int = 1  # tokens a delta gathers before it is published (first token: at once)
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, speculation: str | None = None) -> ServiceConfig:
@@ -89,6 +90,7 @@ class ServiceConfig:
             heartbeat_ttl_s=settings.heartbeat_ttl_s, max_attempts=settings.max_attempts,
             drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
             metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
+            stream_interval=settings.stream_interval,
         )
 
     @property
@@ -185,7 +187,8 @@ class WorkerService:
                                              socket_connect_timeout=config.redis_timeout_s)
         return Publisher(pool, config.worker_id, config.stream, config.redis_timeout_s,
                          on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
-                         on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref))
+                         on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref),
+                         stream_interval=config.stream_interval)
 
     # -- the owner thread -------------------------------------------------------------------
 

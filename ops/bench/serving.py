@@ -248,6 +248,7 @@ def build_report(config: ServingConfig, model_name: str, machine: dict, sweep: l
             "requests_per_level": {c: config.num_requests(c) for c in config.concurrency},
             "max_tokens": config.max_tokens, "temperature": config.temperature,
             "max_lanes_per_worker": WorkerSettings().max_lanes, "prefill_cache": "off",
+            "stream_interval": WorkerSettings().stream_interval,  # the workers inherit the environment
             "worker_threads": config.worker_threads or "torch default", "compare_requests": config.compare_requests,
         },
         "note": SIDE_BY_SIDE_NOTE, "sweep": sweep, "comparison": comparison, "scaling": scaling,

@@ -11,6 +11,7 @@ def serving_markdown(report: dict) -> str:
              f"Model {settings['model']}, speculation `{settings['speculation']}`, {settings['dtype']}, "
              f"{settings['max_tokens']} tokens per request (EOS ignored), temperature {settings['temperature']}, "
              f"streaming chat clients over HTTP; workers: up to {settings['max_lanes_per_worker']} lanes each, "
+             f"stream interval {settings.get('stream_interval', 1)} token(s), "
              f"prefill cache off, torch threads: {settings['worker_threads']}; machine: {machine['cpu_count']} cores, "
              f"load average {machine['load_average_1m']} at start. Total errors: {report['total_errors']}.", ""]
     lines += _comparison(report["comparison"])

@@ -109,3 +109,22 @@ def test_an_owner_ahead_of_a_slow_publisher_sends_fewer_events_with_every_token_
     assert len(deltas) < len(script) / 2, "steps that waited went out together"
     assert isinstance(events[-1], FinalEvent) and events[-1].usage.completion_tokens == len(script)
     assert isinstance(published[-1], JobDone)
+
+
+def test_a_stream_interval_holds_a_jobs_deltas_until_they_carry_enough_tokens() -> None:
+    outbox = Outbox()
+    outbox.put(publication(REF, 0, "a", [1]))  # a job's first event: due at once
+    outbox.put(publication(OTHER, 3, "x", [9]))
+    assert [(item.ref, item.event.seq) for item in outbox.take(stream_interval=3)] == [(REF, 0)]
+    outbox.put(publication(REF, 1, "b", [2]))
+    assert outbox.put(publication(REF, 2, "c", [3])), "held deltas still merge"
+    assert outbox.take(stream_interval=3) == [] and outbox, "2 tokens each: nothing due yet"
+    assert outbox.put(publication(OTHER, 4, "y", [10]))
+    assert outbox.put(publication(REF, 3, "d", [4]))
+    [ours] = outbox.take(stream_interval=3)
+    assert (ours.event.seq, ours.event.token_ids, ours.event.text) == (1, [2, 3, 4], "bcd")
+    outbox.put(final(OTHER, 5))  # a final takes its job's held delta along
+    assert [item.event.seq for item in outbox.take(stream_interval=3)] == [3, 5]
+    outbox.put(publication(REF, 4, "e", [5]))
+    assert [item.event.seq for item in outbox.take(stream_interval=3, flush=True)] == [4], "flush: all of it"
+    assert not outbox

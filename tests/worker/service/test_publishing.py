@@ -197,3 +197,17 @@ def test_a_publisher_far_behind_the_model_merges_steps_and_loses_nothing(redis_s
     assert text_of(events) == expected.text
     deltas = [event for event in events if isinstance(event, DeltaEvent)]
     assert len(deltas) < len(expected.token_ids), "steps that waited for the publisher went out merged"
+
+
+def test_a_stream_interval_sends_the_first_token_at_once_then_deltas_of_that_many_tokens(redis_server, client,
+                                                                                        served_none):
+    body = chat_body("Tell me a story about a fox", max_tokens=40)
+    with InProcessWorker(service_config(redis_server.url, stream_interval=4), served_none):
+        events = wait_done(client, submit(client, body), timeout_s=60)
+    _, expected = reference(served_none, body)
+    assert token_ids_of(events) == expected.token_ids
+    assert text_of(events) == expected.text
+    sizes = [len(event.token_ids) for event in events if isinstance(event, DeltaEvent)]
+    assert sizes[0] == 1, "the first token is not held back"
+    assert all(size >= 4 for size in sizes[1:-1]), sizes
+    assert len(sizes) <= 2 + (len(expected.token_ids) - 1) // 4
