@@ -28,6 +28,8 @@ A request's life, with the Redis names from `shared.keys`:
 5. Client gone (or gateway deadline): the gateway SETs `cancel_key(id)` (EX CANCEL_TTL_S) and
    PUBLISHes a `CancelMessage` on `CONTROL_CHANNEL`. The worker drops the lane before its next
    step and cleans up as in 4; a final with finish_reason "cancelled" is optional (nobody waits).
+   Gateway gone (killed): PUBLISH reports that no subscriber heard the job's events; after the
+   worker's orphan timeout it cancels the job the same way.
 6. Worker death: a reclaimer XAUTOCLAIMs the job (only if the owner's heartbeat has expired),
    takes attempt = `JobState.attempt` + 1 (the entry's fields are immutable), and resumes from
    prompt + the tokens of the deltas in the event log, continuing at `JobState.next_seq`. A stale attempt

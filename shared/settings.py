@@ -90,6 +90,7 @@ class WorkerSettings(BaseSettings):
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
     tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (mode "tree")
     stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)
+    orphan_timeout_s: float = Field(10.0, ge=0)  # ARBOR_ORPHAN_TIMEOUT_S: cancel a job nobody hears; 0 = never
     dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"  # ARBOR_DTYPE
     heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S
     heartbeat_ttl_s: float = Field(5.0, gt=0)  # ARBOR_HEARTBEAT_TTL_S: dead after this silence

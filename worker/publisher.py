@@ -18,6 +18,10 @@ One batch in flight at a time: while Redis answers faster than a step (the norma
 step goes out as its own batch; when it is slower, the steps made meanwhile wait in the outbox
 and go out merged (see `worker.outbox`), so the publisher catches up instead of queueing.
 
+A job whose events nobody hears (PUBLISH reached no subscriber) for `orphan_timeout_s` is
+reported through `on_orphaned`: its gateway died, and the service cancels it rather than run it to
+`max_tokens` for no one.
+
 Failures never stop the model: a batch whose send or reply failed (Redis down, a reply that
 does not come within the timeout) is resent as it was after a capped backoff, over a new
 connection (publishing is idempotent on seq, and acknowledging a job twice answers "not ours" the
@@ -48,7 +52,8 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 
 class Publisher:
     def __init__(self, pool: redis.ConnectionPool, worker_id: str, stream: str, reply_timeout_s: float,
-                 on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1):
+                 on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1,
+                 orphan_timeout_s: float = 0.0, on_orphaned: Callable[[str], None] = lambda request_id: None):
         self.pool = pool  # a connection is made from it, not borrowed: it stays ours
         self.worker_id = worker_id
         self.stream = stream
@@ -56,6 +61,10 @@ class Publisher:
         self._on_lost = on_lost
         self._on_done = on_done
         self.stream_interval = stream_interval  # tokens a job's delta gathers before it is sent
+        self.orphan_timeout_s = orphan_timeout_s  # 0: never give a job up for want of a listener
+        self._on_orphaned = on_orphaned
+        self._unheard_since: dict[str, float] = {}  # request id -> when its events stopped being heard
+        self._orphaned: set[str] = set()
         self._outbox = Outbox()
         self._connection: redis.connection.AbstractConnection | None = None
         self._sha = ""
@@ -134,11 +143,27 @@ class Publisher:
             return
         batch, self._batch, self._sent_at = self._batch, None, None
         self._backoff_s = BACKOFF_MIN_S
+        now = time.monotonic()
         for item, result in zip(batch, results, strict=True):
+            request_id = item.ref.request_id
             if isinstance(item, JobDone):
+                self._unheard_since.pop(request_id, None)
+                self._orphaned.discard(request_id)
                 self._on_done(item.ref)  # acknowledged, or no longer ours: either way we are done with it
             elif result == PublishResult.FENCED:
-                self._on_lost(item.ref.request_id)
+                self._on_lost(request_id)
+            elif result == PublishResult.UNHEARD:
+                self._unheard(request_id, now)
+            else:
+                self._unheard_since.pop(request_id, None)
+
+    def _unheard(self, request_id: str, now: float) -> None:
+        """Nobody subscribed heard the job's event: its gateway is gone if that lasts (a gateway
+        reconnecting to Redis is back within seconds). Reported once, after `orphan_timeout_s`."""
+        since = self._unheard_since.setdefault(request_id, now)
+        if 0 < self.orphan_timeout_s <= now - since and request_id not in self._orphaned:
+            self._orphaned.add(request_id)
+            self._on_orphaned(request_id)
 
     # -- the connection and failures -----------------------------------------------------------
 

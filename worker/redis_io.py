@@ -54,9 +54,10 @@ return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3]), 
 # stream, job state and event log.  ARGV: group, consumer, log ttl, state ttl, then per op
 # _BATCH_ARGS values: kind ('p' publish, 'c' complete), entry id, then for a publish: attempt,
 # seq, event json, channel (a complete leaves them empty).  Returns one result per op, in order:
-# 1 applied, 0 a duplicate (seq already landed), -1 fenced (not ours).  A publish pushes the
-# event to the log and the channel and moves the job state's next_seq past it; a complete
-# acknowledges and deletes the entry and drops the state (XACK + XDEL + DEL).
+# 1 applied, 2 applied but no subscriber heard it (PUBLISH reached nobody), 0 a duplicate (seq
+# already landed), -1 fenced (not ours).  A publish pushes the event to the log and the channel
+# and moves the job state's next_seq past it; a complete acknowledges and deletes the entry and
+# drops the state (XACK + XDEL + DEL).
 _BATCH_ARGS = 6
 _BATCH = """
 local function owned(stream, entry)
@@ -71,9 +72,10 @@ local function publish(stream, state, log, entry, attempt, seq, event, channel)
   if tonumber(redis.call('HGET', state, 'next_seq') or '0') > seq then return 0 end
   redis.call('RPUSH', log, event)
   redis.call('EXPIRE', log, ARGV[3])
-  redis.call('PUBLISH', channel, event)
+  local heard = redis.call('PUBLISH', channel, event)
   redis.call('HSET', state, 'worker', ARGV[2], 'attempt', attempt, 'next_seq', seq + 1)
   redis.call('EXPIRE', state, ARGV[4])
+  if heard == 0 then return 2 end
   return 1
 end
 local function complete(stream, state, entry)
@@ -124,6 +126,7 @@ return touched
 
 
 class PublishResult(enum.IntEnum):
+    UNHEARD = 2  # applied, but no subscriber heard it: nobody is streaming this job right now
     APPLIED = 1
     DUPLICATE = 0  # a retry of an event that already landed
     FENCED = -1  # the job is no longer ours: stop working on it

@@ -79,6 +79,7 @@ class ServiceConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
     stream_interval: int = 1  # tokens a delta gathers before it is published (first token: at once)
+    orphan_timeout_s: float = 10.0  # a job no gateway has heard for this long is cancelled; 0: never
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, speculation: str | None = None) -> ServiceConfig:
@@ -90,7 +91,7 @@ class ServiceConfig:
             heartbeat_ttl_s=settings.heartbeat_ttl_s, max_attempts=settings.max_attempts,
             drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
             metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
-            stream_interval=settings.stream_interval,
+            stream_interval=settings.stream_interval, orphan_timeout_s=settings.orphan_timeout_s,
         )
 
     @property
@@ -188,7 +189,8 @@ class WorkerService:
         return Publisher(pool, config.worker_id, config.stream, config.redis_timeout_s,
                          on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
                          on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref),
-                         stream_interval=config.stream_interval)
+                         stream_interval=config.stream_interval, orphan_timeout_s=config.orphan_timeout_s,
+                         on_orphaned=lambda request_id: loop.call_soon_threadsafe(self._orphaned, request_id))
 
     # -- the owner thread -------------------------------------------------------------------
 
@@ -322,6 +324,14 @@ class WorkerService:
             log.warning("job %s is no longer ours; dropping it", request_id)
             self._owner.inbox.put(DropJob(request_id, cancelled=False))
         self._cancel_sent.discard(request_id)
+
+    def _orphaned(self, request_id: str) -> None:
+        """No gateway has heard the job's events for the orphan timeout: its client is gone with
+        its gateway (killed, say). Cancel it instead of running it to max_tokens for no one."""
+        if request_id in self._held:
+            log.warning("nobody has listened to job %s for %.0fs (its gateway is gone?); cancelling it",
+                        request_id, self.config.orphan_timeout_s)
+            self._send_cancel(request_id)
 
     def _finished(self, ref: JobRef) -> None:
         """Acknowledged through the publisher: forget it (unless it is a newer delivery of the same job)."""

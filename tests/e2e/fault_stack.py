@@ -36,6 +36,7 @@ WORKER_IDS = ("w-a", "w-b")
 LANES_PER_WORKER = 4
 HEARTBEAT_TTL_S = 1.0
 EVENT_POLL_S = 0.5
+ORPHAN_TIMEOUT_S = 1.0  # a job whose gateway died is cancelled after this long
 GATEWAY_DEADLINE_S = 900.0
 START_TIMEOUT_S = 240.0  # two shared cores: two workers importing torch at once can be slow
 STOP_TIMEOUT_S = 30.0
@@ -59,7 +60,8 @@ class FaultStack:
         env = dict(os.environ, REDIS_URL=self.redis_server.url, OMP_NUM_THREADS="1", ARBOR_LOG_LEVEL="warning",
                    ARBOR_PORT=str(self.port), ARBOR_EVENT_POLL_S=str(EVENT_POLL_S),
                    ARBOR_REQUEST_TIMEOUT_S=str(GATEWAY_DEADLINE_S), ARBOR_HEARTBEAT_INTERVAL_S="0.2",
-                   ARBOR_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S), ARBOR_DRAIN_GRACE_S="5")
+                   ARBOR_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S), ARBOR_DRAIN_GRACE_S="5",
+                   ARBOR_ORPHAN_TIMEOUT_S=str(ORPHAN_TIMEOUT_S))
         env.pop("ARBOR_API_KEYS", None)
         return env
 

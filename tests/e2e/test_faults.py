@@ -165,19 +165,24 @@ async def _give_up(http: httpx.AsyncClient, start_s: float, kind: str, patience_
 
 
 @pytest.mark.timeout(600)
-def test_a_gateway_killed_mid_stream_ends_the_stream_and_a_new_one_serves(faults: FaultStack) -> None:
+def test_a_gateway_killed_mid_stream_ends_the_stream_its_job_is_cancelled_and_a_new_one_serves(
+        faults: FaultStack) -> None:
     short = chat(SHORT, 16)
     reference = answer(faults, short)[0]
-    client = BackgroundStream(faults.base_url, chat("Tell me a long story.", max_tokens=1000), HANG_S)
+    client = BackgroundStream(faults.base_url, chat("Tell me a long story.", max_tokens=3000), HANG_S)
     client.start()
     wait_until(lambda: client.stream.num_chunks >= 5 or not client.is_alive(), END_S, "the stream to start")
+    request_id = client.stream.request_id
     faults.kill_gateway()
 
     stream = client.finish(END_S)
     assert not stream.done, "the kill came mid-stream"
     assert isinstance(client.failure, httpx.TransportError), f"the connection broke: {client.failure!r}"
+    # Nobody hears the orphaned job any more: its worker cancels it instead of running 3000 tokens.
+    final = wait_until(lambda: next((e for e in logged_events(faults, request_id) if isinstance(e, FinalEvent)), None),
+                       END_S, "the orphaned job to end")
+    assert final.finish_reason == "cancelled" and final.usage.completion_tokens < 3000
     faults.start_gateway()
-    # The orphaned job runs to its end (nobody is left to cancel it); then everything is idle.
     assert_serves_and_goes_idle(faults, short, reference)
 
 

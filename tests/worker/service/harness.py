@@ -25,7 +25,8 @@ AnyEvent = DeltaEvent | FinalEvent | ErrorEvent
 def service_config(redis_url: str, **overrides: Any) -> ServiceConfig:
     fields = dict(worker_id=f"w-{uuid.uuid4().hex[:6]}", model_name=MODEL, speculation="none", redis_url=redis_url,
                   max_lanes=4, max_context=512, max_prefill_chunk=32, heartbeat_interval_s=0.2,
-                  heartbeat_ttl_s=1.0, drain_grace_s=10.0, redis_timeout_s=2.0)
+                  heartbeat_ttl_s=1.0, drain_grace_s=10.0, redis_timeout_s=2.0,
+                  orphan_timeout_s=0.0)  # these tests play the gateway by reading the log, unsubscribed
     fields.update(overrides)
     return ServiceConfig(**fields)
 

@@ -111,7 +111,7 @@ def test_an_ack_in_a_batch_lands_after_the_events_before_it_and_only_for_its_own
     ref = JobRef("a", STREAM, entry, 1)
     batch = [delta(ref, 0, 0), JobDone(ref)]
 
-    assert run_batch(client, batch) == [PublishResult.APPLIED, PublishResult.APPLIED]
+    assert run_batch(client, batch) == [PublishResult.UNHEARD, PublishResult.APPLIED], "nobody subscribed"
     assert client.xlen(STREAM) == 0 and client.xpending(STREAM, keys.CONSUMER_GROUP)["pending"] == 0
     assert not client.exists(keys.job_state("a"))
     assert client.llen(keys.event_log("a")) == 1, "the event landed before the ack"
@@ -211,3 +211,29 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_deltas_of_that_man
     assert sizes[0] == 1, "the first token is not held back"
     assert all(size >= 4 for size in sizes[1:-1]), sizes
     assert len(sizes) <= 2 + (len(expected.token_ids) - 1) // 4
+
+
+def test_a_job_nobody_hears_for_the_orphan_timeout_is_reported_once(redis_server, client) -> None:
+    for name in ("heard", "orphan"):
+        client.xadd(STREAM, {"id": name})
+    heard, orphan = (JobRef(name, STREAM, entry, 1) for name, entry in zip(("heard", "orphan"),
+                                                                               read_entries(client, "w1", 2)))
+    pubsub = client.pubsub()
+    pubsub.subscribe(keys.events_channel("heard"))
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    orphaned: list[str] = []
+    recorder = Recorder()
+    pool = redis.ConnectionPool.from_url(redis_server.url, socket_timeout=2)
+    sink = Publisher(pool, "w1", STREAM, 2.0, recorder.lost.append, recorder.done.append,
+                     orphan_timeout_s=0.3, on_orphaned=orphaned.append)
+    try:
+        for seq in range(8):  # 8 steps 0.1 s apart: the orphan's events go unheard for 0.7 s
+            sink.put(delta(heard, seq, seq))
+            sink.put(delta(orphan, seq, seq))
+            assert wait_for(lambda: not sink.pump(0.01), 10, "the step's events to land")
+            time.sleep(0.1)
+    finally:
+        sink.close()
+        pubsub.close()
+    assert orphaned == ["orphan"], "reported once, and only the job nobody hears"
+    assert not recorder.lost
