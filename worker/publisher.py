@@ -146,9 +146,10 @@ class Publisher:
         now = time.monotonic()
         for item, result in zip(batch, results, strict=True):
             request_id = item.ref.request_id
-            if isinstance(item, JobDone):
-                self._unheard_since.pop(request_id, None)
+            if isinstance(item, JobDone) or result == PublishResult.FENCED:
+                self._unheard_since.pop(request_id, None)  # the job is over for us
                 self._orphaned.discard(request_id)
+            if isinstance(item, JobDone):
                 self._on_done(item.ref)  # acknowledged, or no longer ours: either way we are done with it
             elif result == PublishResult.FENCED:
                 self._on_lost(request_id)
