@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 
 import pytest
 from redis.asyncio import Redis
@@ -76,3 +78,34 @@ def test_with_redis_down_a_subscription_times_out_and_the_hub_listens_again_once
         asyncio.run(main(server))
     finally:
         server.stop()
+
+
+def test_routing_many_events_keeps_no_memory(redis_server) -> None:
+    """hiredis 3.3 under redis-py's asyncio PubSub kept every message alive: ~1 KB per request."""
+    async def main() -> int:
+        redis = Redis.from_url(redis_server.url, decode_responses=True)
+        hub = EventHub(redis, 5.0)
+        await hub.start()
+        try:
+            request_id = hub.request_id("chatcmpl")
+            async with hub.subscription(request_id) as queue:
+                async def route(count: int) -> None:
+                    for n in range(count):
+                        await redis.publish(keys.events_channel(request_id), f'{{"seq": {n}, "text": "hello"}}')
+                    for _ in range(count):
+                        await asyncio.wait_for(queue.get(), 5)
+
+                await route(500)  # warm-up: connections, buffers, caches
+                gc.collect()
+                tracemalloc.start()
+                before = tracemalloc.take_snapshot()
+                await route(5000)
+                gc.collect()
+                after = tracemalloc.take_snapshot()
+                tracemalloc.stop()
+            return sum(stat.count_diff for stat in after.compare_to(before, "filename"))
+        finally:
+            await hub.stop()
+            await redis.aclose()
+
+    assert asyncio.run(main()) < 1000, "blocks still alive after routing 5000 events"
