@@ -44,8 +44,8 @@ class Admission:
         """Raises ApiError when the request must be refused. Callers bound it with a timeout."""
         fleet, depth = await self._read(keys=[keys.WORKERS_SET, keys.request_stream(model)],
                                         args=[keys.worker_heartbeat("")])
-        rows = {fleet[i]: _pairs(fleet[i + 1]) for i in range(0, len(fleet), 2)}
-        workers = [beat for beat in map(parse_heartbeat, sorted(rows), map(rows.get, sorted(rows))) if beat]
+        rows = dict(zip(fleet[::2], map(_pairs, fleet[1::2]), strict=True))
+        workers = [beat for worker_id in sorted(rows) if (beat := parse_heartbeat(worker_id, rows[worker_id]))]
         check_workers(workers, model)
         if int(depth) >= self.max_queue:
             raise errors.queue_full(model, int(depth), self.retry_after_s)

@@ -56,9 +56,9 @@ class Recorder:
         self.done: list[JobRef] = []
 
 
-def publisher(url: str, recorder: Recorder, worker_id: str = "w1") -> Publisher:
+def publisher(url: str, recorder: Recorder, worker_id: str = "w1", **options) -> Publisher:
     pool = redis.ConnectionPool.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    return Publisher(pool, worker_id, STREAM, 2.0, recorder.lost.append, recorder.done.append)
+    return Publisher(pool, worker_id, STREAM, 2.0, recorder.lost.append, recorder.done.append, **options)
 
 
 def started_job(client: redis.Redis, url: str) -> tuple[JobRef, Recorder, Publisher]:
@@ -223,9 +223,7 @@ def test_a_job_nobody_hears_for_the_orphan_timeout_is_reported_once(redis_server
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"
     orphaned: list[str] = []
     recorder = Recorder()
-    pool = redis.ConnectionPool.from_url(redis_server.url, socket_timeout=2)
-    sink = Publisher(pool, "w1", STREAM, 2.0, recorder.lost.append, recorder.done.append,
-                     orphan_timeout_s=0.3, on_orphaned=orphaned.append)
+    sink = publisher(redis_server.url, recorder, orphan_timeout_s=0.3, on_orphaned=orphaned.append)
     try:
         for seq in range(8):  # 8 steps 0.1 s apart: the orphan's events go unheard for 0.7 s
             sink.put(delta(heard, seq, seq))
