@@ -90,6 +90,9 @@ class WorkerSettings(BaseSettings):
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
     tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (mode "tree")
     stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)
+    # ARBOR_PUBLISH_INTERVAL_MS: least time between a worker's event batches while it has steps to
+    # run; shorter steps share a batch. A job's first output, finals and errors never wait. 0 = every step
+    publish_interval_ms: float = Field(5.0, ge=0, le=1000)
     orphan_timeout_s: float = Field(10.0, ge=0)  # ARBOR_ORPHAN_TIMEOUT_S: cancel a job nobody hears; 0 = never
     dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"  # ARBOR_DTYPE
     heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S

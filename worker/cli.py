@@ -92,13 +92,16 @@ def add_worker_parser(subparsers) -> None:
                         help="paired prefill cache budget, 0 disables it (ARBOR_PREFILL_CACHE_BYTES)")
     parser.add_argument("--stream-interval", type=int, default=None,
                         help="tokens per streamed delta; 1 streams every step (ARBOR_STREAM_INTERVAL)")
+    parser.add_argument("--publish-interval-ms", type=float, default=None,
+                        help="least time between event batches while steps run; 0 sends every step "
+                             "(ARBOR_PUBLISH_INTERVAL_MS, default 5)")
     parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
     parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
     parser.set_defaults(handler=run_worker)
 
 
 _WORKER_FLAGS = ("model", "draft", "speculation", "max_lanes", "max_context", "prefill_cache_bytes",
-                 "stream_interval", "redis_url", "worker_id")
+                 "stream_interval", "publish_interval_ms", "redis_url", "worker_id")
 
 
 def worker_settings(args: argparse.Namespace):

@@ -17,10 +17,14 @@ token published, in order (a reclaimer replays it: see `JobState`).
 Taken items are never touched again, so a batch whose publish failed is retried exactly as it was.
 Only the owner thread uses an outbox: no lock.
 
+An item is *urgent* when holding it back would cost the client: a job's first visible output (the
+deltas up to it included, flagged `first_output` by the owner), any final or error, and any ack.
+The publisher holds a batch back (its publish interval) only while nothing urgent waits.
+
 A stream interval above 1 (vLLM's `--stream-interval`) holds a job's deltas back until they carry
 that many tokens: fewer, larger events when steps are so short that publishing each one costs a
-noticeable share of it. A job's first event, any final or error, and everything before them in the
-job's order are always due, and `take(flush=True)` takes everything (the owner has no step to run).
+noticeable share of it. A job's urgent items and everything before them in the job's order are
+always due, and `take(flush=True)` takes everything (the owner has no step to run).
 """
 
 from __future__ import annotations
@@ -33,37 +37,54 @@ class Outbox:
     def __init__(self) -> None:
         self._items: list[BatchItem] = []
         self._last: dict[str, int] = {}  # request id -> index in _items of its last pending item
+        self._num_urgent = 0
 
     def put(self, item: BatchItem) -> bool:
         """Queue an item; True if it was merged into a pending delta (no new seq)."""
         request_id = item.ref.request_id
         index = self._last.get(request_id)
-        if index is not None and _merge_into(self._items[index], item):
-            return True
+        if index is not None:
+            pending = self._items[index]
+            was_urgent = _urgent(pending)
+            if _merge_into(pending, item):
+                self._num_urgent += _urgent(pending) and not was_urgent
+                return True
         self._last[request_id] = len(self._items)
         self._items.append(item)
+        self._num_urgent += _urgent(item)
         return False
+
+    @property
+    def urgent(self) -> bool:
+        """Something pending must not wait: see the module's docstring."""
+        return self._num_urgent > 0
 
     def take(self, stream_interval: int = 1, flush: bool = False) -> list[BatchItem]:
         """Everything due, in order (with an interval of 1: everything); the rest stays, in order."""
         if stream_interval <= 1 or flush:
             items, self._items = self._items, []
             self._last.clear()
+            self._num_urgent = 0
             return items
         due = {item.ref.request_id for item in self._items if _due(item, stream_interval)}
         taken = [item for item in self._items if item.ref.request_id in due]
         self._items = [item for item in self._items if item.ref.request_id not in due]
         self._last = {item.ref.request_id: index for index, item in enumerate(self._items)}
+        self._num_urgent = sum(map(_urgent, self._items))
         return taken
 
     def __bool__(self) -> bool:
         return bool(self._items)
 
 
-def _due(item: BatchItem, stream_interval: int) -> bool:
+def _urgent(item: BatchItem) -> bool:
     if not isinstance(item, Publication) or not isinstance(item.event, DeltaEvent):
-        return True  # a final, an error or an ack: the job's earlier items go with it
-    return item.event.seq == 0 or len(item.event.token_ids) >= stream_interval
+        return True  # a final, an error or an ack
+    return item.first_output
+
+
+def _due(item: BatchItem, stream_interval: int) -> bool:
+    return _urgent(item) or len(item.event.token_ids) >= stream_interval
 
 
 def _merge_into(pending: BatchItem, item: BatchItem) -> bool:
@@ -73,4 +94,5 @@ def _merge_into(pending: BatchItem, item: BatchItem) -> bool:
     if merged is None:
         return False
     pending.event = merged
+    pending.first_output = pending.first_output or item.first_output
     return True

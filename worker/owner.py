@@ -9,7 +9,9 @@ drained before every step, so a cancel that arrived is seen before the lane's ne
 decode step of a lane becomes one delta event (its token ids, even when the text is still held
 back, so the job state always records every emitted token) unless `put` merged it into the job's
 previous delta, still waiting to be published (then that event carries both steps and the seq is
-not used); each choice ends with one final event; an error event ends the whole request.
+not used); each choice ends with one final event; an error event ends the whole request. A job's
+deltas up to and including its first visible output are flagged `first_output`: the publisher
+never holds them back (TTFT), while later ones may wait for the publish and stream intervals.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class _Job:
     emitted: list[list[int]]  # per choice, every token published (resumed ones included)
     finished: list[int]  # choices whose final event went out
     next_seq: int
+    shown: bool = False  # a delta with visible output (text, reasoning, tool calls) was queued
 
 
 class Owner:
@@ -299,14 +302,16 @@ class Owner:
                        logprobs: list | None) -> None:
         if not token_ids and delta.empty:
             return
+        first_output = not job.shown  # up to the first visible output, nothing may wait (TTFT)
+        job.shown = job.shown or not delta.empty
         self._publish(job, DeltaEvent(
             id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq, choice=choice, text=delta.text,
             reasoning=delta.reasoning, token_ids=list(token_ids), logprobs=logprobs,
             tool_calls=[ToolCallDelta.model_validate(call) for call in delta.tool_calls],
-        ))
+        ), first_output)
 
-    def _publish(self, job: _Job, event: Event) -> None:
-        if not self.sink.put(Publication(job.ref, event)):
+    def _publish(self, job: _Job, event: Event, first_output: bool = False) -> None:
+        if not self.sink.put(Publication(job.ref, event, first_output)):
             job.next_seq += 1  # queued as its own event (True: merged into the previous delta)
 
     def _usage(self, job: _Job, choice: int) -> Usage:

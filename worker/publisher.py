@@ -18,6 +18,15 @@ One batch in flight at a time: while Redis answers faster than a step (the norma
 step goes out as its own batch; when it is slower, the steps made meanwhile wait in the outbox
 and go out merged (see `worker.outbox`), so the publisher catches up instead of queueing.
 
+A publish interval (`publish_interval_s`) spaces batches out while the owner has steps to run:
+each batch wakes Redis, which wakes the gateway, which wakes the client, and on a small machine
+each of those wake-ups costs the process making it tens of microseconds (measured on this
+project's 2-core VM: a socket write that wakes a sleeping reader costs the writer 30-100 us, a
+third of a publish; docs/BENCHMARKS.md). Deltas that wait merge, so a step shorter than the
+interval shares its batch with the next. Nothing urgent ever waits (a job's first visible output,
+finals, errors, acks: `Outbox.urgent`), and an owner with no step to run sends at once. With steps
+longer than the interval (a real model on a GPU) every step still goes out as its own batch.
+
 A job whose events nobody hears (PUBLISH reached no subscriber) for `orphan_timeout_s` is
 reported through `on_orphaned`: its gateway died, and the service cancels it rather than run it to
 `max_tokens` for no one.
@@ -53,7 +62,8 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 class Publisher:
     def __init__(self, pool: redis.ConnectionPool, worker_id: str, stream: str, reply_timeout_s: float,
                  on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1,
-                 orphan_timeout_s: float = 0.0, on_orphaned: Callable[[str], None] = lambda request_id: None):
+                 orphan_timeout_s: float = 0.0, on_orphaned: Callable[[str], None] = lambda request_id: None,
+                 publish_interval_s: float = 0.0):
         self.pool = pool  # a connection is made from it, not borrowed: it stays ours
         self.worker_id = worker_id
         self.stream = stream
@@ -61,6 +71,7 @@ class Publisher:
         self._on_lost = on_lost
         self._on_done = on_done
         self.stream_interval = stream_interval  # tokens a job's delta gathers before it is sent
+        self.publish_interval_s = publish_interval_s  # least time between batches while steps run
         self.orphan_timeout_s = orphan_timeout_s  # 0: never give a job up for want of a listener
         self._on_orphaned = on_orphaned
         self._unheard_since: dict[str, float] = {}  # request id -> when its events stopped being heard
@@ -70,6 +81,7 @@ class Publisher:
         self._sha = ""
         self._batch: list[BatchItem] | None = None  # taken from the outbox, not yet answered
         self._sent_at: float | None = None  # when the batch went out; None: (re)send it
+        self._last_sent_at = 0.0  # when the latest batch went out (first sends)
         self._retry_at = 0.0
         self._backoff_s = BACKOFF_MIN_S
 
@@ -84,13 +96,13 @@ class Publisher:
 
     def pump(self, wait_s: float = 0.0) -> bool:
         """Take the reply to the batch in flight if it has come (waiting up to `wait_s` for it, or
-        for the end of a backoff), then send the next batch if there is one. A `wait_s` above 0
-        says the owner has no step to run: deltas held back by the stream interval go out too.
-        Returns `busy`."""
+        for the end of a backoff), then send the next batch if there is one and it is time. A
+        `wait_s` above 0 says the owner has no step to run: deltas held back by the stream or
+        publish interval go out too. Returns `busy`."""
         try:
             if self._batch is not None and self._sent_at is not None:
                 self._take_reply(wait_s)
-            if self._batch is None and self._outbox:
+            if self._batch is None and self._outbox and self._time_to_send(wait_s):
                 self._batch, self._sent_at = self._outbox.take(self.stream_interval, flush=wait_s > 0) or None, None
             if self._batch is not None and self._sent_at is None:
                 delay = self._retry_at - time.monotonic()
@@ -106,6 +118,10 @@ class Publisher:
             log.exception("publisher: unexpected error")
             self._failed("unexpected error")
         return self.busy
+
+    def _time_to_send(self, wait_s: float) -> bool:
+        return (wait_s > 0 or self._outbox.urgent
+                or time.monotonic() - self._last_sent_at >= self.publish_interval_s)
 
     def flush(self, timeout_s: float) -> bool:
         """Pump until nothing is left or `timeout_s` passes; True if everything was answered."""
@@ -127,7 +143,7 @@ class Publisher:
         # hiredis packs in C; redis-py's own packing costs the owner ~4x as much per step
         command = hiredis.pack_command(("EVALSHA", self._sha, len(script_keys), *script_keys, *args))
         connection.send_packed_command([command], check_health=False)
-        self._sent_at = time.monotonic()
+        self._sent_at = self._last_sent_at = time.monotonic()
 
     def _take_reply(self, wait_s: float) -> None:
         assert self._batch is not None and self._sent_at is not None and self._connection is not None

@@ -148,6 +148,9 @@ class Publication:
 
     ref: JobRef
     event: Event
+    # A delta up to and including the job's first visible output: never held back (TTFT). Finals,
+    # errors and acks never are either; later deltas may wait for the stream and publish intervals.
+    first_output: bool = False
 
 
 @dataclass(slots=True)

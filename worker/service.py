@@ -78,7 +78,8 @@ class ServiceConfig:
     redis_timeout_s: float = 5.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
-    stream_interval: int = 1  # tokens a delta gathers before it is published (first token: at once)
+    stream_interval: int = 1  # tokens a delta gathers before it is published (first output: at once)
+    publish_interval_s: float = 0.005  # least time between event batches while steps run (see Publisher)
     orphan_timeout_s: float = 10.0  # a job no gateway has heard for this long is cancelled; 0: never
 
     @classmethod
@@ -92,6 +93,7 @@ class ServiceConfig:
             drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
             metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
             stream_interval=settings.stream_interval, orphan_timeout_s=settings.orphan_timeout_s,
+            publish_interval_s=settings.publish_interval_ms / 1000,
         )
 
     @property
@@ -190,6 +192,7 @@ class WorkerService:
                          on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
                          on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref),
                          stream_interval=config.stream_interval, orphan_timeout_s=config.orphan_timeout_s,
+                         publish_interval_s=config.publish_interval_s,
                          on_orphaned=lambda request_id: loop.call_soon_threadsafe(self._orphaned, request_id))
 
     # -- the owner thread -------------------------------------------------------------------

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import random
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from ops.training.prompts import HELD_OUT
 from shared.settings import WorkerSettings
 
 WARMUP_TOKENS = 8
+BOOTSTRAP_RESAMPLES = 2000  # for the paired ratio's interval
 
 
 @dataclass(slots=True, frozen=True)
@@ -220,7 +223,30 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord])
         "decode_tokens_per_s_ratio": ratio(paths["gateway"]["decode_tokens_per_s"],
                                            paths["in_process"]["decode_tokens_per_s"]),
         "added_ttft_p50_ms": None if None in ttft else round(ttft[0] - ttft[1], 2),
+        "paired_decode_ratio": paired_decode_ratio(gateway, local),
     }
+
+
+def paired_decode_ratio(gateway: list[RequestRecord], local: list[RequestRecord]) -> dict | None:
+    """The after-first-text rate ratio request by request (the i-th gateway request against the
+    i-th in-process one, run back to back with the same prompt): its median, and a 95% bootstrap
+    interval of that median. Pairs share the machine's state at the time, so the VM's drift,
+    which moves whole minutes by up to 30%, cancels out of each pair instead of widening the spread."""
+    ratios = sorted(decode_rate(g) / decode_rate(l) for g, l in zip(gateway, local, strict=True)
+                    if decode_rate(g) and decode_rate(l))
+    if not ratios:
+        return None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
+    return {"median": round(statistics.median(ratios), 4), "pairs": len(ratios),
+            "ci95": [round(medians[int(0.025 * len(medians))], 4), round(medians[int(0.975 * len(medians)) - 1], 4)]}
+
+
+def decode_rate(record: RequestRecord) -> float | None:
+    """Tokens per second after the first text (None for a failed or one-token request)."""
+    if not record.ok or record.ttft_s is None or record.completion_tokens < 2 or record.e2e_s <= record.ttft_s:
+        return None
+    return (record.completion_tokens - 1) / (record.e2e_s - record.ttft_s)
 
 
 def _path_summary(records: list[RequestRecord]) -> dict:
@@ -249,6 +275,7 @@ def build_report(config: ServingConfig, model_name: str, machine: dict, sweep: l
             "max_tokens": config.max_tokens, "temperature": config.temperature,
             "max_lanes_per_worker": WorkerSettings().max_lanes, "prefill_cache": "off",
             "stream_interval": WorkerSettings().stream_interval,  # the workers inherit the environment
+            "publish_interval_ms": WorkerSettings().publish_interval_ms,
             "worker_threads": config.worker_threads or "torch default", "compare_requests": config.compare_requests,
         },
         "note": SIDE_BY_SIDE_NOTE, "sweep": sweep, "comparison": comparison, "scaling": scaling,

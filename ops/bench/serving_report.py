@@ -12,6 +12,7 @@ def serving_markdown(report: dict) -> str:
              f"{settings['max_tokens']} tokens per request (EOS ignored), temperature {settings['temperature']}, "
              f"streaming chat clients over HTTP; workers: up to {settings['max_lanes_per_worker']} lanes each, "
              f"stream interval {settings.get('stream_interval', 1)} token(s), "
+             f"publish interval {settings.get('publish_interval_ms', 0):g} ms, "
              f"prefill cache off, torch threads: {settings['worker_threads']}; machine: {machine['cpu_count']} cores, "
              f"load average {machine['load_average_1m']} at start. Total errors: {report['total_errors']}.", ""]
     lines += _comparison(report["comparison"])
@@ -45,7 +46,17 @@ def _comparison(comparison: dict | None) -> list[str]:
     return ["## Gateway + Redis vs in-process generate (1 client, sequential, alternating)", "", table, "",
             f"Tokens/s ratio gateway / in-process: {fmt(comparison['tokens_per_s_ratio'], 3)} over end-to-end "
             f"time, {fmt(comparison.get('decode_tokens_per_s_ratio'), 3)} after the first text; "
-            f"added TTFT p50: {fmt(comparison['added_ttft_p50_ms'], 1)} ms.", ""]
+            f"added TTFT p50: {fmt(comparison['added_ttft_p50_ms'], 1)} ms.", "", *_paired(comparison)]
+
+
+def _paired(comparison: dict) -> list[str]:
+    paired = comparison.get("paired_decode_ratio")
+    if not paired:
+        return []
+    low, high = paired["ci95"]
+    return [f"After the first text, request by request (each gateway request over the in-process one run next "
+            f"to it): median ratio {paired['median']:.3f}, 95% interval of the median {low:.3f}-{high:.3f} "
+            f"({paired['pairs']} pairs).", ""]
 
 
 def _scaling(rows: list[dict], speedup: dict) -> list[str]:

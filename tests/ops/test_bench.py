@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench.client import latency_ms
+from ops.bench.client import RequestRecord, latency_ms
 from ops.bench.results import percentile
+from ops.bench.serving import paired_decode_ratio
 from ops.cli import main
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
@@ -18,6 +19,20 @@ from tests.support.tiny_models import make_tiny_model
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("bench") / "tiny-qwen3")
+
+
+def test_the_paired_ratio_compares_neighbours_and_ignores_failed_pairs():
+    def record(ttft_s: float, e2e_s: float, tokens: int = 11, ok: bool = True) -> RequestRecord:
+        return RequestRecord(ok=ok, ttft_s=ttft_s, e2e_s=e2e_s, completion_tokens=tokens)
+
+    # Pair by pair the gateway is 0.9x (10 tokens after the first in 1.0 s vs 0.9 s) while the
+    # machine slows 3x halfway: pooled rates would mix the two halves, the pairs do not.
+    gateway = [record(0.1, 1.1)] * 5 + [record(0.3, 3.3)] * 5 + [record(0.1, 0.5, ok=False)]
+    local = [record(0.05, 0.95)] * 5 + [record(0.15, 2.85)] * 5 + [record(0.05, 0.95)]
+    paired = paired_decode_ratio(gateway, local)
+    assert paired["pairs"] == 10
+    assert paired["median"] == pytest.approx(0.9) and paired["ci95"] == pytest.approx([0.9, 0.9])
+    assert paired_decode_ratio([record(0.1, 0.5, ok=False)], [record(0.1, 0.5)]) is None
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -80,5 +95,7 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
     comparison = report["comparison"]
     assert comparison["gateway"]["ok"] == comparison["in_process"]["ok"] == 1
     assert comparison["tokens_per_s_ratio"] > 0 and comparison["added_ttft_p50_ms"] is not None
+    paired = comparison["paired_decode_ratio"]
+    assert paired["pairs"] == 1 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
     assert report["scaling"] == []  # one worker count: nothing to scale against
     assert "| 2 | 2 | 0 |" in (tmp_path / "serving.md").read_text()

@@ -16,9 +16,10 @@ REF = JobRef("req-1", "stream", "1-0", 1)
 OTHER = JobRef("req-2", "stream", "2-0", 1)
 
 
-def publication(ref: JobRef, seq: int, text: str, token_ids: list[int], choice: int = 0) -> Publication:
+def publication(ref: JobRef, seq: int, text: str, token_ids: list[int], choice: int = 0,
+                first_output: bool = False) -> Publication:
     event = DeltaEvent(id=ref.request_id, attempt=1, seq=seq, choice=choice, text=text, token_ids=token_ids)
-    return Publication(ref, event)
+    return Publication(ref, event, first_output)
 
 
 def final(ref: JobRef, seq: int) -> Publication:
@@ -113,7 +114,7 @@ def test_an_owner_ahead_of_a_slow_publisher_sends_fewer_events_with_every_token_
 
 def test_a_stream_interval_holds_a_jobs_deltas_until_they_carry_enough_tokens() -> None:
     outbox = Outbox()
-    outbox.put(publication(REF, 0, "a", [1]))  # a job's first event: due at once
+    outbox.put(publication(REF, 0, "a", [1], first_output=True))  # a job's first output: due at once
     outbox.put(publication(OTHER, 3, "x", [9]))
     assert [(item.ref, item.event.seq) for item in outbox.take(stream_interval=3)] == [(REF, 0)]
     outbox.put(publication(REF, 1, "b", [2]))
@@ -128,3 +129,41 @@ def test_a_stream_interval_holds_a_jobs_deltas_until_they_carry_enough_tokens() 
     outbox.put(publication(REF, 4, "e", [5]))
     assert [item.event.seq for item in outbox.take(stream_interval=3, flush=True)] == [4], "flush: all of it"
     assert not outbox
+
+
+def test_urgent_while_a_first_output_final_or_ack_waits() -> None:
+    outbox = Outbox()
+    outbox.put(publication(REF, 0, "", [1], first_output=True))  # no text yet: still urgent
+    assert outbox.urgent
+    assert outbox.put(publication(REF, 1, "a", [2], first_output=True))
+    assert outbox.urgent
+    outbox.take()
+    outbox.put(publication(REF, 2, "b", [3]))
+    assert outbox and not outbox.urgent, "a later delta may wait"
+    outbox.put(publication(OTHER, 5, "", [4], first_output=True))
+    assert outbox.urgent
+    outbox.take()
+    for item in (final(REF, 3), JobDone(REF)):
+        outbox.put(item)
+        assert outbox.urgent
+        outbox.take()
+        assert not outbox.urgent
+
+
+def test_a_first_output_merged_into_a_held_delta_makes_it_urgent() -> None:
+    # A resumed job: its first delta of this attempt carries output the client has not seen yet
+    outbox = Outbox()
+    outbox.put(publication(REF, 4, "", [1]))
+    assert not outbox.urgent
+    assert outbox.put(publication(REF, 5, "a", [2], first_output=True))
+    assert outbox.urgent
+    [item] = outbox.take(stream_interval=8)
+    assert item.event.token_ids == [1, 2] and not outbox.urgent
+
+
+def test_a_stream_interval_leaves_what_is_not_due_and_not_urgent() -> None:
+    outbox = Outbox()
+    outbox.put(publication(REF, 3, "a", [1]))
+    outbox.put(publication(OTHER, 0, "x", [9], first_output=True))
+    assert [item.ref for item in outbox.take(stream_interval=4)] == [OTHER]
+    assert outbox and not outbox.urgent

@@ -150,6 +150,21 @@ def test_every_step_is_one_delta_and_each_choice_ends_with_a_final():
         assert final.finish_reason == "stop" and final.usage.completion_tokens == len(script)
 
 
+def test_deltas_up_to_the_first_visible_output_are_flagged_first_output():
+    # The tool-call parser holds "<tool_call>" back until it knows what follows: the first deltas
+    # carry token ids but nothing visible, and none of them may be held back by the publisher.
+    text = '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call> and then some text'
+    with OwnerHarness(ScriptedStepper(ids_of(text))) as harness:
+        harness.start(spec(OutputOptions(parse_tool_calls=True)))
+        assert harness.done.wait(10)
+    deltas = [item for item in harness.items if isinstance(item, Publication) and isinstance(item.event, DeltaEvent)]
+    shown = next(i for i, item in enumerate(deltas) if item.event.text or item.event.tool_calls)
+    assert shown > 0, "the script should start with deltas that show nothing"
+    assert [item.first_output for item in deltas] == [True] * (shown + 1) + [False] * (len(deltas) - shown - 1)
+    finals = [item for item in harness.items if isinstance(item, Publication) and isinstance(item.event, FinalEvent)]
+    assert finals and not any(item.first_output for item in finals), "finals are urgent by kind, not by flag"
+
+
 def test_tool_call_streamed_in_many_small_deltas_ends_with_finish_reason_tool_calls():
     text = '<tool_call>\n{"name": "lookup", "arguments": {"q": "foxes", "n": 3}}\n</tool_call>'
     events = run_job(ScriptedStepper(ids_of(text)), spec(OutputOptions(parse_tool_calls=True)))

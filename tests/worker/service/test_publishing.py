@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from shared import keys
-from shared.protocol import DeltaEvent, JobState, parse_event
+from shared.protocol import DeltaEvent, FinalEvent, JobState, Usage, parse_event
 from tests.support.redis_server import RedisServer
 from tests.worker.service.harness import (
     MODEL,
@@ -38,8 +38,14 @@ def read_entries(client: redis.Redis, consumer: str, count: int) -> list[str]:
     return [entry_id for entry_id, _ in entries]
 
 
-def delta(ref: JobRef, seq: int, token: int) -> Publication:
+def delta(ref: JobRef, seq: int, token: int, first_output: bool = False) -> Publication:
     event = DeltaEvent(id=ref.request_id, attempt=ref.attempt, seq=seq, text=f"t{token} ", token_ids=[token])
+    return Publication(ref, event, first_output)
+
+
+def final_of(ref: JobRef, seq: int) -> Publication:
+    event = FinalEvent(id=ref.request_id, attempt=ref.attempt, seq=seq, finish_reason="stop",
+                       usage=Usage(prompt_tokens=1, completion_tokens=1))
     return Publication(ref, event)
 
 
@@ -207,10 +213,12 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_deltas_of_that_man
     _, expected = reference(served_none, body)
     assert token_ids_of(events) == expected.token_ids
     assert text_of(events) == expected.text
-    sizes = [len(event.token_ids) for event in events if isinstance(event, DeltaEvent)]
-    assert sizes[0] == 1, "the first token is not held back"
-    assert all(size >= 4 for size in sizes[1:-1]), sizes
-    assert len(sizes) <= 2 + (len(expected.token_ids) - 1) // 4
+    deltas = [event for event in events if isinstance(event, DeltaEvent)]
+    shown = next(index for index, event in enumerate(deltas) if event.text)
+    sizes = [len(event.token_ids) for event in deltas]
+    assert sizes[: shown + 1] == [1] * (shown + 1), "nothing up to the first visible text is held back"
+    assert all(size >= 4 for size in sizes[shown + 1 : -1]), sizes
+    assert len(sizes) <= shown + 2 + (len(expected.token_ids) - shown - 1) // 4
 
 
 def test_a_job_nobody_hears_for_the_orphan_timeout_is_reported_once(redis_server, client) -> None:
@@ -235,3 +243,61 @@ def test_a_job_nobody_hears_for_the_orphan_timeout_is_reported_once(redis_server
         pubsub.close()
     assert orphaned == ["orphan"], "reported once, and only the job nobody hears"
     assert not recorder.lost
+
+
+def test_a_publish_interval_holds_later_deltas_back_but_never_a_first_output_or_a_final(redis_server, client):
+    client.xadd(STREAM, {"id": "a"})
+    [entry] = read_entries(client, "w1", 1)
+    ref = JobRef("a", STREAM, entry, 1)
+    pubsub = client.pubsub()
+    pubsub.subscribe(keys.events_channel("a"))
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    sink = publisher(redis_server.url, Recorder(), publish_interval_s=3600.0)  # never due by time here
+
+    def heard() -> list[tuple[int, list[int] | None]]:  # (seq, token ids; None for a final) of each message
+        events = [parse_event(message["data"]) for message in iter(lambda: pubsub.get_message(timeout=0.5), None)]
+        return [(event.seq, getattr(event, "token_ids", None)) for event in events]
+
+    try:
+        sink.put(delta(ref, 0, 0, first_output=True))
+        assert wait_for(lambda: not sink.pump(0.0), 10, "the first output to land")
+        assert heard() == [(0, [0])], "a first output goes at once"
+        sink.put(delta(ref, 1, 1))
+        for token in (2, 3):
+            assert sink.put(delta(ref, 2, token)), "held deltas merge"
+        for _ in range(20):
+            assert sink.pump(0.0), "held: the owner still has steps to run"
+        assert heard() == []
+        sink.put(final_of(ref, 2))
+        assert wait_for(lambda: not sink.pump(0.0), 10, "the final to land")
+        assert heard() == [(1, [1, 2, 3]), (2, None)], "a final takes the held delta along"
+        sink.put(delta(ref, 3, 4))
+        assert sink.pump(0.0) and heard() == []
+        assert wait_for(lambda: not sink.pump(0.01), 10, "an idle owner's flush")
+        assert heard() == [(3, [4])], "an owner with no step to run sends at once"
+    finally:
+        sink.close()
+        pubsub.close()
+
+
+def test_a_publish_interval_spaces_batches_out(redis_server, client) -> None:
+    client.xadd(STREAM, {"id": "a"})
+    [entry] = read_entries(client, "w1", 1)
+    ref = JobRef("a", STREAM, entry, 1)
+    sink = publisher(redis_server.url, Recorder(), publish_interval_s=0.05)
+    try:
+        sink.put(delta(ref, 0, 0, first_output=True))
+        seq, token, deadline = 1, 1, time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # a 1 ms "step", then a pump, for half a second
+            time.sleep(0.001)
+            if not sink.put(delta(ref, seq, token)):
+                seq += 1  # its own event (True: merged into the held one)
+            token += 1
+            sink.pump(0.0)
+        assert sink.flush(5)
+    finally:
+        sink.close()
+    events = [parse_event(raw) for raw in client.lrange(keys.event_log("a"), 0, -1)]
+    assert [event.seq for event in events] == list(range(seq))
+    assert [t for event in events for t in event.token_ids] == list(range(token)), "every token once, in order"
+    assert token > 100 and 4 <= len(events) <= 13, f"~11 batches in 0.5 s, not one per step: {len(events)}"
