@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import get_args
@@ -122,6 +123,11 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = resolve_default_speculation(settings)
     service = WorkerService(ServiceConfig.from_settings(settings), lambda: load_worker_model(settings))
     asyncio.run(_serve_until_signalled(service))
+    if service.abandoned_loading:  # stopped mid-load: leave now rather than finalise under torch's loader
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

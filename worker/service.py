@@ -58,6 +58,9 @@ READ_BLOCK_MS = 500
 FREE_LANE_POLL_S = 0.01
 CANCEL_POLL_S = 0.2
 WARMUP_TOKENS = 2
+OWNER_EXIT_WAIT_S = 30.0  # a running owner stops before its next step: this is a backstop
+LOADING_EXIT_WAIT_S = 1.0  # a loading one cannot be told to stop: give it a moment, then leave it
+TASKS_EXIT_WAIT_S = 5.0  # cancelled loops end at their next await; this bounds one that does not
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,6 +118,9 @@ class WorkerService:
         self._cancel_sent: set[str] = set()
         self._draining = False
         self._ready = False
+        # Stopped while the model was loading, and not waiting for it: a process should then leave
+        # with os._exit, as the interpreter's shut-down under a thread inside torch can crash.
+        self.abandoned_loading = False
 
     @property
     def ready(self) -> bool:
@@ -159,7 +165,9 @@ class WorkerService:
         tasks = [asyncio.create_task(self._forever("heartbeat", self._heartbeat_once), name="heartbeat")]
         try:
             self._owner = await _first(owner_ready, stop, owner_exit)
-            if self._owner is None:
+            if self._owner is None and owner_ready.done() and not owner_ready.exception():
+                self._owner = owner_ready.result()  # ready just as the stop came: stopped like a running one
+            if self._owner is None or stop.is_set():
                 return
             group = asyncio.create_task(
                 self._forever_until_ok("consumer group", lambda: self.io.ensure_group(self.config.stream)))
@@ -202,12 +210,16 @@ class WorkerService:
         waiting = ready  # the future a failure goes to: loading first, then running
         try:
             owner = self._build_owner(publisher)
+            if self.abandoned_loading:
+                return  # the service stopped while the model loaded, and is gone
             loop.call_soon_threadsafe(_resolve, ready, owner)
             waiting = exited
             owner.run()
             publisher.flush(self.config.redis_timeout_s)  # what is left unsent stays, as a crash would leave it
             loop.call_soon_threadsafe(_resolve, exited, None)
         except BaseException as error:  # the owner thread's edge: hand the failure to the event loop
+            if self.abandoned_loading:
+                return
             log.exception("owner thread failed")
             loop.call_soon_threadsafe(_fail_future, waiting, error)
         finally:
@@ -230,6 +242,7 @@ class WorkerService:
     async def _forever(self, name: str, once: Callable[[], Awaitable[None]]) -> None:
         delay = BACKOFF_MIN_S
         while True:
+            _end_if_cancelled()
             try:
                 await once()
                 delay = BACKOFF_MIN_S
@@ -250,6 +263,7 @@ class WorkerService:
     async def _forever_until_ok(self, name: str, once: Callable[[], Awaitable[None]]) -> None:
         delay = BACKOFF_MIN_S
         while True:
+            _end_if_cancelled()
             try:
                 await once()
                 return
@@ -364,10 +378,18 @@ class WorkerService:
         self._ready = False
         if self._owner is not None:
             self._owner.inbox.put(StopOwner())
-        await asyncio.to_thread(thread.join, 30.0)  # a loading owner cannot be interrupted; it is a daemon
+            await asyncio.to_thread(thread.join, OWNER_EXIT_WAIT_S)
+        else:  # still loading the model, which cannot be interrupted: leave the (daemon) thread to it
+            self.abandoned_loading = True  # a load that ends from now on finds nobody waiting, and returns
+            await asyncio.to_thread(thread.join, LOADING_EXIT_WAIT_S)
+            if thread.is_alive():
+                log.warning("stopped while loading the model; not waiting for the load to finish")
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=TASKS_EXIT_WAIT_S)
+            for task in stuck:
+                log.warning("loop %s did not stop when cancelled; leaving it", task.get_name())
         with contextlib.suppress(*REDIS_DOWN):
             async with asyncio.timeout(self.config.redis_timeout_s):
                 await retire(client, self.config.worker_id)
@@ -390,6 +412,14 @@ async def _first(*waitables: asyncio.Future | asyncio.Event) -> object:
             waiter.cancel()
     first = next(iter(done))
     return None if isinstance(waiters[first], asyncio.Event) else first.result()
+
+
+def _end_if_cancelled() -> None:
+    """A loop's check before each turn: a cancel that a client library swallowed (redis-py has had
+    such bugs) still ends the loop, or shutting down would wait for it forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _resolve(future: asyncio.Future, value: object) -> None:

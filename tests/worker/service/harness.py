@@ -52,8 +52,12 @@ class InProcessWorker:
         finally:
             self._loop.close()
 
-    def __enter__(self) -> InProcessWorker:
+    def start(self) -> None:
+        """Start serving without waiting for it to get ready (`with` waits)."""
         self._thread.start()
+
+    def __enter__(self) -> InProcessWorker:
+        self.start()
         wait_for(lambda: self.service.ready or not self._thread.is_alive(), 60, "the worker to get ready")
         assert self.service.ready, f"worker failed to start: {self.error!r}"
         return self

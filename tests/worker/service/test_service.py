@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+
+import pytest
 
 from shared import keys
 from shared.heartbeat import Heartbeat
@@ -23,7 +27,7 @@ from tests.worker.service.harness import (
     wait_for,
 )
 from worker.engine.generate import generate
-from worker.service import READ_BLOCK_MS
+from worker.service import READ_BLOCK_MS, WorkerService
 from worker.serving_model import ServingModel
 
 SYSTEM = "You are a terse assistant. Answer in one short sentence, and never apologise. " * 3
@@ -199,3 +203,52 @@ def test_the_reasoning_budget_closes_the_think_tag_in_a_real_stream(redis_server
     assert reasoning == model.tokenizer.decode(token_ids[:5])
     assert "</think>" not in text_of(events) and text_of(events).startswith("\n\n")
     assert events[-1].usage.completion_tokens == 30
+
+
+def test_a_worker_stopped_while_loading_its_model_stops_at_once(redis_server, client, served_none):
+    # Loading cannot be interrupted, and big models take minutes: the worker must not wait for it
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_load():
+        loading.set()
+        release.wait(60)
+        return served_none
+
+    config = service_config(redis_server.url)
+    worker = InProcessWorker(config, slow_load)
+    worker.start()
+    try:
+        assert loading.wait(30)
+        wait_for(lambda: client.exists(keys.worker_heartbeat(config.worker_id)), 10, "a loading worker's heartbeat")
+        started = time.monotonic()
+        worker.stop(timeout_s=10)
+        assert time.monotonic() - started < 5, "stopped without waiting for the load"
+        assert worker.error is None and worker.service.abandoned_loading
+        assert not client.exists(keys.worker_heartbeat(config.worker_id)), "it retired its heartbeat"
+    finally:
+        release.set()
+
+
+def test_a_loop_whose_body_swallows_a_cancel_still_ends(redis_server):
+    # redis-py has had bugs that swallow a task's CancelledError; shutting down must not hang on one
+    service = WorkerService(service_config(redis_server.url), lambda: None)
+    turns = 0
+
+    async def swallowing_body() -> None:
+        nonlocal turns
+        turns += 1
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if turns > 1:
+                raise  # only the first is swallowed, so that without the check the test fails, not hangs
+
+    async def cancel_it() -> None:
+        task = asyncio.create_task(service._forever("swallower", swallowing_body))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+
+    asyncio.run(cancel_it())
+    assert turns == 1
