@@ -55,7 +55,7 @@ def run_up(args: argparse.Namespace) -> int:
             children.append(_spawn(_worker_args(args), env))
         url = f"http://{args.host}:{args.port}"
         if not _wait_healthy(url, children, args.ready_timeout, lambda: stopping):
-            return 1
+            return 0 if stopping else 1  # asked to stop while starting: a clean stop
         _announce(url, args.workers, served_name(args.model))
         while not stopping:
             if any(child.poll() is not None for child in children):
