@@ -21,11 +21,12 @@ and go out merged (see `worker.outbox`), so the publisher catches up instead of 
 A publish interval (`publish_interval_s`) spaces batches out while the owner has steps to run:
 each batch wakes Redis, which wakes the gateway, which wakes the client, and on a small machine
 each of those wake-ups costs the process making it tens of microseconds (measured on this
-project's 2-core VM: a socket write that wakes a sleeping reader costs the writer 30-100 us, a
-third of a publish; docs/BENCHMARKS.md). Deltas that wait merge, so a step shorter than the
-interval shares its batch with the next. Nothing urgent ever waits (a job's first visible output,
-finals, errors, acks: `Outbox.urgent`), and an owner with no step to run sends at once. With steps
-longer than the interval (a real model on a GPU) every step still goes out as its own batch.
+project's 2-core VM: a socket write that wakes a sleeping reader costs the writer 30-100 us,
+about half of what publishing costs the owner; docs/BENCHMARKS.md). Deltas that wait merge, so
+a step shorter than the interval shares its batch with the next. Nothing urgent ever waits (a
+job's first visible output, finals, errors, acks: `Outbox.urgent`), and an owner with no step to
+run sends at once. With steps longer than the interval (a real model on a GPU) every step still
+goes out as its own batch.
 
 A job whose events nobody hears (PUBLISH reached no subscriber) for `orphan_timeout_s` is
 reported through `on_orphaned`: its gateway died, and the service cancels it rather than run it to
