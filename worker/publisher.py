@@ -82,7 +82,7 @@ class Publisher:
         self._sha = ""
         self._batch: list[BatchItem] | None = None  # taken from the outbox, not yet answered
         self._sent_at: float | None = None  # when the batch went out; None: (re)send it
-        self._last_sent_at = 0.0  # when the latest batch went out (first sends)
+        self._last_sent_at = 0.0  # when a batch last went out (sent or resent): the publish interval runs from it
         self._retry_at = 0.0
         self._backoff_s = BACKOFF_MIN_S
 
