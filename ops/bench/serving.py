@@ -228,25 +228,18 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord])
 
 
 def paired_decode_ratio(gateway: list[RequestRecord], local: list[RequestRecord]) -> dict | None:
-    """The after-first-text rate ratio request by request (the i-th gateway request against the
+    """The after-first-text rate ratio (the inverse of the TPOT ratio) request by request (the i-th gateway request against the
     i-th in-process one, run back to back with the same prompt): its median, and a 95% bootstrap
     interval of that median. Pairs share the machine's state at the time, so the VM's drift,
     which moves whole minutes by up to 30%, cancels out of each pair instead of widening the spread."""
-    ratios = sorted(decode_rate(g) / decode_rate(l) for g, l in zip(gateway, local, strict=True)
-                    if decode_rate(g) and decode_rate(l))
+    per_token = [(g.tpot_s, l.tpot_s) for g, l in zip(gateway, local, strict=True) if g.ok and l.ok]
+    ratios = sorted(local_s / gateway_s for gateway_s, local_s in per_token if gateway_s and local_s)
     if not ratios:
         return None
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
     return {"median": round(statistics.median(ratios), 4), "pairs": len(ratios),
             "ci95": [round(medians[int(0.025 * len(medians))], 4), round(medians[int(0.975 * len(medians)) - 1], 4)]}
-
-
-def decode_rate(record: RequestRecord) -> float | None:
-    """Tokens per second after the first text (None for a failed or one-token request)."""
-    if not record.ok or record.ttft_s is None or record.completion_tokens < 2 or record.e2e_s <= record.ttft_s:
-        return None
-    return (record.completion_tokens - 1) / (record.e2e_s - record.ttft_s)
 
 
 def _path_summary(records: list[RequestRecord]) -> dict:
