@@ -230,8 +230,9 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord])
 def paired_decode_ratio(gateway: list[RequestRecord], local: list[RequestRecord]) -> dict | None:
     """The after-first-text rate ratio (in-process TPOT over gateway TPOT) request by request (the
     i-th gateway request against the i-th in-process one, run back to back with the same prompt):
-    its median, and a 95% bootstrap interval of that median. Pairs share the machine's state at the time, so the VM's drift,
-    which moves whole minutes by up to 30%, cancels out of each pair instead of widening the spread."""
+    its median, and a 95% bootstrap interval of that median. Pairs share the machine's state at the
+    time, so the VM's drift, which moves whole minutes by up to 30%, cancels out of each pair
+    instead of widening the spread."""
     per_token = [(g.tpot_s, l.tpot_s) for g, l in zip(gateway, local, strict=True) if g.ok and l.ok]
     ratios = sorted(local_s / gateway_s for gateway_s, local_s in per_token if gateway_s and local_s)
     if not ratios:
