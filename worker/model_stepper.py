@@ -71,8 +71,7 @@ class ModelStepper:
         self.runner = runner
         self.prefix_cache = prefix_cache
         self.counters = counters or WorkerCounters()
-        self._logprob_lanes: dict[str, LaneState] = {}
-        runner.logits_observer = self._observe_logits
+        self._logprob_lanes: dict[str, LaneState] = {}  # the observer is installed only while one exists
 
     def kv_bytes(self, num_prompt_tokens: int, max_tokens: int) -> int:
         """Bytes of the KV cache `runner.start` allocates for such a lane."""
@@ -88,6 +87,7 @@ class ModelStepper:
             state.prefix_tokens = self._reuse_prefix(sequence)
         if payload.num_logprobs is not None:
             self._logprob_lanes[payload.sequence_id] = state
+            self.runner.logits_observer = self._observe_logits
         return state
 
     def num_to_prefill(self, state: LaneState) -> int:
@@ -121,6 +121,10 @@ class ModelStepper:
 
     def release(self, state: LaneState) -> None:
         self._logprob_lanes.pop(state.sequence.request_id, None)
+        if not self._logprob_lanes:
+            # Observing copies the emitted rows out of the logits on every step, logprobs asked or
+            # not: a kernel launch and a copy on a GPU, ~15 us a step on the tiny CPU model.
+            self.runner.logits_observer = None
 
     def force_tokens(self, state: LaneState, token_ids: list[int]) -> list[int]:
         """Append tokens the model did not choose (a forced close tag); they are prefilled next turn."""

@@ -124,3 +124,34 @@ def test_logprobs_come_with_every_emitted_token():
         for entry in state.logprobs:
             assert len(entry.top) == 3 and entry.top[0][0] == entry.token_id  # greedy: the top token
             assert entry.logprob == pytest.approx(entry.top[0][1]) and entry.logprob <= 0.0
+
+
+def test_logprobs_keep_coming_as_other_lanes_start_and_end():
+    """The logits are observed only while some lane asks for logprobs: lanes that do not ask come and
+    go around one that does, and a lane that asks after all others ended gets them again."""
+    model = served("none")
+    stepper = ModelStepper(model.runner)
+
+    def started(name: str, num_logprobs: int | None) -> LaneState:
+        params = SamplingParams(max_tokens=6)
+        state = stepper.start(LaneStart(name, chat(model, "Hi"), params, num_logprobs=num_logprobs))
+        while stepper.num_to_prefill(state):
+            stepper.prefill(state, 64)
+        return state
+
+    def decode_checked(state: LaneState) -> None:
+        emitted = stepper.decode(state)
+        expected = emitted if state.num_logprobs is not None else []
+        assert [entry.token_id for entry in state.logprobs] == expected
+
+    asking, plain = started("asking", 2), started("plain", None)
+    decode_checked(asking), decode_checked(plain)
+    stepper.release(plain)  # a lane without logprobs ends: the asking one still gets them
+    while not asking.finished:
+        decode_checked(asking)
+    stepper.release(asking)
+    plain = started("plain-2", None)
+    decode_checked(plain)
+    asking = started("asking-2", 1)  # asks after every asking lane ended
+    while not asking.finished:
+        decode_checked(asking)
