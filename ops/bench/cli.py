@@ -1,4 +1,4 @@
-"""`arbor bench decode|serving`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
+"""`arbor bench decode|serving|owner`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def add_bench_parser(subparsers) -> None:
     commands = parser.add_subparsers(dest="bench_command", required=True)
     _add_decode_parser(commands)
     _add_serving_parser(commands)
+    _add_owner_parser(commands)
 
 
 def _add_decode_parser(commands) -> None:
@@ -61,6 +62,18 @@ def _add_serving_parser(commands) -> None:
     parser.set_defaults(handler=_run_serving)
 
 
+def _add_owner_parser(commands) -> None:
+    parser = commands.add_parser("owner", help="the worker's own cost per token beyond the model, in process")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--requests", type=int, default=40, help="requests per loop, alternating (default 40)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request, EOS ignored")
+    parser.add_argument("--publish-interval-ms", type=float, default=5.0,
+                        help="the publisher's interval, as ARBOR_PUBLISH_INTERVAL_MS (default 5)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _add_common(parser)
+    parser.set_defaults(handler=_run_owner)
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
     parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
@@ -84,6 +97,12 @@ def _run_serving(args: argparse.Namespace) -> int:
     from ops.bench.serving import run_serving_command
 
     return run_serving_command(_default_model_as_none(args))
+
+
+def _run_owner(args: argparse.Namespace) -> int:
+    from ops.bench.owner import run_owner_command
+
+    return run_owner_command(_default_model_as_none(args))
 
 
 def _default_model_as_none(args: argparse.Namespace) -> argparse.Namespace:

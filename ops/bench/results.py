@@ -6,11 +6,14 @@ import json
 import math
 import os
 import platform
+import random
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 RESULTS_ROOT = Path("bench-results")
+BOOTSTRAP_RESAMPLES = 2000  # for a median's interval
 SIDE_BY_SIDE_NOTE = ("contenders are interleaved in one run (each prompt or request goes to every contender in "
                      "turn), so load from other jobs on the machine hits them alike: trust the ratios more than "
                      "the absolute rates")
@@ -49,6 +52,17 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return numerator / denominator
+
+
+def median_with_interval(values: Sequence[float]) -> dict | None:
+    """The median, and a 95% bootstrap interval of it (seeded: a report reproduces exactly)."""
+    if not values:
+        return None
+    values = sorted(values)  # the interval then depends on the values only, not on their order
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP_RESAMPLES))
+    return {"median": round(statistics.median(values), 4), "pairs": len(values),
+            "ci95": [round(medians[int(0.025 * len(medians))], 4), round(medians[int(0.975 * len(medians)) - 1], 4)]}
 
 
 def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:

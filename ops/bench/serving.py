@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import random
 import signal
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -25,14 +23,14 @@ from tqdm import tqdm
 
 from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
 from ops.bench.plots import serving_figure
-from ops.bench.results import SIDE_BY_SIDE_NOTE, machine_info, parse_int_list, ratio, results_dir, write_json
+from ops.bench.results import (SIDE_BY_SIDE_NOTE, machine_info, median_with_interval, parse_int_list, ratio,
+                                results_dir, write_json)
 from ops.bench.serving_report import serving_markdown
 from ops.bench.stack import Stack, raise_keyboard_interrupt_on_sigterm
 from ops.training.prompts import HELD_OUT
 from shared.settings import WorkerSettings
 
 WARMUP_TOKENS = 8
-BOOTSTRAP_RESAMPLES = 2000  # for the paired ratio's interval
 
 
 @dataclass(slots=True, frozen=True)
@@ -234,13 +232,7 @@ def paired_decode_ratio(gateway: list[RequestRecord], local: list[RequestRecord]
     time, so the VM's drift, which moves whole minutes by up to 30%, cancels out of each pair
     instead of widening the spread."""
     per_token = [(g.tpot_s, l.tpot_s) for g, l in zip(gateway, local, strict=True) if g.ok and l.ok]
-    ratios = sorted(local_s / gateway_s for gateway_s, local_s in per_token if gateway_s and local_s)
-    if not ratios:
-        return None
-    rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
-    return {"median": round(statistics.median(ratios), 4), "pairs": len(ratios),
-            "ci95": [round(medians[int(0.025 * len(medians))], 4), round(medians[int(0.975 * len(medians)) - 1], 4)]}
+    return median_with_interval([local_s / gateway_s for gateway_s, local_s in per_token if gateway_s and local_s])
 
 
 def _path_summary(records: list[RequestRecord]) -> dict:

@@ -99,3 +99,25 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
     assert paired["pairs"] == 1 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
     assert report["scaling"] == []  # one worker count: nothing to scale against
     assert "| 2 | 2 | 0 |" in (tmp_path / "serving.md").read_text()
+
+
+def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, capsys):
+    argv = ["bench", "owner", "--model", str(tiny_model), "--requests", "3", "--max-tokens", "8",
+            "--threads", "1", "--out", str(tmp_path)]
+    with one_torch_thread():
+        assert main(argv) == 0
+    report = json.loads((tmp_path / "owner.json").read_text())
+    assert (tmp_path / "owner.md").read_text() in capsys.readouterr().out
+    assert set(report["contenders"]) == {"generate", "owner"}
+    for row in report["contenders"].values():
+        assert row["requests"] == 3
+        assert 0 < row["model_us_per_token"] <= row["wall_us_per_token"]
+    paired = report["paired_ratio"]
+    assert paired["pairs"] == 3 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
+
+
+@pytest.mark.parametrize("argv", [["--requests", "0"], ["--max-tokens", "1"], ["--publish-interval-ms", "-1"]])
+def test_bench_owner_refuses_bad_settings_in_one_line(tiny_model, argv, capsys):
+    assert main(["bench", "owner", "--model", str(tiny_model), *argv]) != 0
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and argv[0] in error

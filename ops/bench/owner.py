@@ -1,0 +1,238 @@
+"""`arbor bench owner`: what a worker adds per token beyond the model, measured in one process.
+
+Request by request, alternating, the same prompt goes through two loops on the same model:
+
+  generate   `arbor generate`'s loop: runner.decode_step + the detokenizer (the in-process side
+             of issue 6's comparison);
+  owner      the worker's owner thread: scheduler, lane output, events and the publisher writing
+             them to a real embedded Redis, to which a listener process is subscribed (so every
+             PUBLISH is heard, as the gateway's would be).
+
+The headline is the paired ratio: generate's wall time per token over the owner's, request by
+request (each owner request against the generate request run next to it, so the VM's drift,
+which moves whole minutes by up to 30%, cancels within a pair), its median and a 95% bootstrap
+interval. It is the most the gateway path can reach against in-process generate (issue 6): the
+gateway, Redis and the client only add to the owner's work. `arbor bench serving` measures the
+whole path; this isolates the worker, with less noise.
+
+Also per loop: the model's own time per token (the sequence's prefill_s + decode_s, clocked in
+the runner) and the rest of the wall time. The split says where the time goes, with a caveat
+measured on the tiny model: work between steps slows the model's step itself (a step after the
+detokenizer, or after a publish, finds colder caches), so the model's time differs between the
+loops too, and the paired ratio, not the non-model time, is the figure to trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from ops.bench.results import machine_info, markdown_table, median_with_interval, results_dir, write_json
+from ops.embedded_redis import EmbeddedRedis
+from shared import keys
+from shared.protocol import JobState
+from shared.sampling import SamplingParams
+
+STREAM = "bench-owner"
+WORKER_ID = "bench-owner"
+MAX_PREFILL_CHUNK = 512
+LISTENER = """
+import sys, redis
+pubsub = redis.Redis.from_url(sys.argv[1]).pubsub()
+pubsub.psubscribe(sys.argv[2])
+for _ in pubsub.listen():
+    pass
+"""
+
+
+def run_owner_command(args: argparse.Namespace) -> int:
+    if args.requests < 1 or args.max_tokens < 2 or args.publish_interval_ms < 0:
+        raise ValueError(f"--requests={args.requests} must be at least 1, --max-tokens={args.max_tokens} at "
+                         f"least 2, --publish-interval-ms={args.publish_interval_ms} at least 0")
+    folder = results_dir(args.out)
+    report = run_owner_bench(args.model, args.requests, args.max_tokens, args.publish_interval_ms / 1000,
+                             args.threads, args.dtype)
+    write_json(folder / "owner.json", report)
+    text = owner_markdown(report)
+    (folder / "owner.md").write_text(text)
+    print(text)
+    print(f"results: {folder}")
+    return 0
+
+
+def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_interval_s: float,
+                    threads: int | None, dtype: str) -> dict:
+    from ops.bench.decode import encode_prompt  # torch from here on
+    from ops.training.prompts import HELD_OUT
+    from worker.serving_model import load_serving_model
+
+    served = load_serving_model(model, "none", None, dtype, num_threads=threads)
+    prompts = [encode_prompt(served, HELD_OUT[i % len(HELD_OUT)]) for i in range(requests)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    with EmbeddedRedis() as server, _Listener(server.url), _OwnerLoop(served, server.url,
+                                                                       publish_interval_s) as owner:
+        contenders: dict[str, Callable] = {"generate": _generate_loop(served), "owner": owner.run_request}
+        for run in contenders.values():  # warm-up, not counted
+            run(prompts[0], params)
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+        for index, prompt in enumerate(prompts):
+            order = list(contenders) if index % 2 == 0 else list(reversed(contenders))
+            for name in order:
+                samples[name].append(contenders[name](prompt, params))
+    rows = {name: _summary(values, max_tokens) for name, values in samples.items()}
+    paired = [generate_wall / owner_wall for (generate_wall, _), (owner_wall, _)
+              in zip(samples["generate"], samples["owner"], strict=True)]
+    return {
+        "benchmark": "owner", "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(),
+        "settings": {"model": served.name, "dtype": dtype, "threads": threads or "torch default",
+                     "requests": requests, "max_tokens": max_tokens,
+                     "publish_interval_ms": round(publish_interval_s * 1000, 3)},
+        "contenders": rows, "paired_ratio": median_with_interval(paired),
+    }
+
+
+def _summary(samples: list[tuple[float, float]], max_tokens: int) -> dict:
+    """Medians over requests, per token: wall time, the model's time, the rest."""
+    return {"requests": len(samples),
+            "wall_us_per_token": round(statistics.median(wall / max_tokens for wall, _ in samples) * 1e6, 1),
+            "model_us_per_token": round(statistics.median(model / max_tokens for _, model in samples) * 1e6, 1),
+            "non_model_us_per_token": round(statistics.median((wall - model) / max_tokens
+                                                              for wall, model in samples) * 1e6, 1)}
+
+
+def owner_markdown(report: dict) -> str:
+    settings = report["settings"]
+    rows = [[name, str(row["requests"]), f"{row['wall_us_per_token']:.1f}", f"{row['model_us_per_token']:.1f}",
+             f"{row['non_model_us_per_token']:.1f}"] for name, row in report["contenders"].items()]
+    paired = report["paired_ratio"]
+    return "\n".join([
+        f"# arbor bench owner — {report['timestamp']}", "",
+        f"Model {settings['model']}, {settings['dtype']}, {settings['max_tokens']} tokens per request (EOS ignored), "
+        f"greedy, torch threads: {settings['threads']}, publish interval {settings['publish_interval_ms']:g} ms; "
+        f"the two loops alternate request by request.", "",
+        markdown_table(["loop", "requests", "wall µs/token", "model µs/token", "rest µs/token"], rows), "",
+        f"Generate's wall time per token over the owner's, request by request: median **{paired['median']:.3f}**, "
+        f"95% interval of the median {paired['ci95'][0]:.3f}-{paired['ci95'][1]:.3f} ({paired['pairs']} pairs). "
+        "The gateway path cannot beat this against in-process generate: the gateway, Redis and the client "
+        "only add to it. Medians in µs per token; the model's time is the runner's own clock.", "",
+    ])
+
+
+def _generate_loop(served) -> Callable[[list[int], SamplingParams], tuple[float, float]]:
+    from worker.engine.generate import PREFILL_CHUNK
+    from worker.engine.text_output import TextOutput
+
+    def run(prompt: list[int], params: SamplingParams) -> tuple[float, float]:
+        started = time.perf_counter()
+        sequence = served.runner.start("bench", prompt, params)
+        text_output = TextOutput(served.tokenizer, params.stop, prompt)
+        while sequence.num_to_prefill > 0:
+            served.runner.prefill(sequence, PREFILL_CHUNK)
+        while not sequence.finished:
+            text_output.add(served.runner.decode_step(sequence))
+        return time.perf_counter() - started, sequence.stats.prefill_s + sequence.stats.decode_s
+
+    return run
+
+
+class _Listener:
+    """A process subscribed to every request's events: each PUBLISH wakes a reader, as in serving."""
+
+    def __init__(self, url: str):
+        self._argv = [sys.executable, "-c", LISTENER, url, keys.events_channel("*")]
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> _Listener:
+        import redis
+
+        self._process = subprocess.Popen(self._argv)
+        client = redis.Redis.from_url(self._argv[3])
+        deadline = time.monotonic() + 30
+        while not client.pubsub_numpat() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client.close()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait()
+
+
+class _OwnerLoop:
+    """The worker's owner thread over the model, publishing to Redis; one request at a time."""
+
+    def __init__(self, served, url: str, publish_interval_s: float):
+        import redis
+
+        from worker.model_stepper import ModelStepper
+        from worker.owner import Capacity, Owner, OwnerConfig
+        from worker.publisher import Publisher
+
+        self._redis = redis.Redis.from_url(url)
+        self._redis.xgroup_create(STREAM, keys.CONSUMER_GROUP, "0", mkstream=True)
+        self._done = threading.Event()
+        self._fenced: str | None = None
+        publisher = Publisher(redis.ConnectionPool.from_url(url), WORKER_ID, STREAM, reply_timeout_s=5.0,
+                              on_lost=self._lost, on_done=lambda ref: self._done.set(),
+                              publish_interval_s=publish_interval_s)
+        self.capacity = Capacity(max_lanes=1)
+        config = OwnerConfig(WORKER_ID, "none", 1, max_kv_bytes=1 << 40, max_prefill_chunk=MAX_PREFILL_CHUNK)
+        self.owner = Owner(ModelStepper(served.runner), served.tokenizer, config, self.capacity, publisher)
+        self._sequences: list = []
+        runner_start = served.runner.start
+
+        def start(*args, **kwargs):  # keeps the lane's sequence: its stats hold the model's own time
+            sequence = runner_start(*args, **kwargs)
+            self._sequences.append(sequence)
+            return sequence
+
+        self._runner, self._runner_start = served.runner, runner_start
+        served.runner.start = start
+        self._thread = threading.Thread(target=self.owner.run, name="arbor-owner", daemon=True)
+        self._count = 0
+
+    def __enter__(self) -> _OwnerLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        from worker.owner import StopOwner
+
+        self.owner.inbox.put(StopOwner())
+        self._thread.join(30)
+        self._runner.start = self._runner_start
+        self._redis.close()
+
+    def _lost(self, request_id: str) -> None:  # on the owner thread: note it, and end the wait
+        self._fenced = request_id
+        self._done.set()
+
+    def run_request(self, prompt: list[int], params: SamplingParams) -> tuple[float, float]:
+        from worker.jobs import JobSpec
+        from worker.lane_output import OutputOptions
+        from worker.owner import StartJob
+        from worker.redis_io import JobRef
+
+        self._count += 1
+        request_id = f"bench-{self._count}"
+        self._redis.xadd(STREAM, {"id": request_id})  # read as this worker's, so its publishing is not fenced
+        ((_, [(entry_id, _)]),) = self._redis.xreadgroup(keys.CONSUMER_GROUP, WORKER_ID, {STREAM: ">"}, count=1)
+        entry_id = entry_id.decode()
+        now = time.time()
+        spec = JobSpec(request_id, entry_id, 1, "chat", now, now + 600, prompt, params, 1, OutputOptions(),
+                       JobState(worker=WORKER_ID, attempt=1))
+        self._done.clear()
+        self.capacity.hold(1)
+        started = time.perf_counter()
+        self.owner.inbox.put(StartJob(spec, JobRef(request_id, STREAM, entry_id, 1)))
+        if not self._done.wait(600) or self._fenced is not None:
+            raise RuntimeError(f"bench owner: {request_id} did not finish (fenced: {self._fenced})")
+        wall = time.perf_counter() - started
+        stats = self._sequences.pop().stats
+        return wall, stats.prefill_s + stats.decode_s
