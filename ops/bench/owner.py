@@ -184,13 +184,12 @@ class _OwnerLoop:
         self.capacity = Capacity(max_lanes=1)
         config = OwnerConfig(WORKER_ID, "none", 1, max_kv_bytes=1 << 40, max_prefill_chunk=MAX_PREFILL_CHUNK)
         self.owner = Owner(ModelStepper(served.runner), served.tokenizer, config, self.capacity, publisher)
-        self._sequences: list = []
+        self._last_sequence = None
         runner_start = served.runner.start
 
         def start(*args, **kwargs):  # keeps the lane's sequence: its stats hold the model's own time
-            sequence = runner_start(*args, **kwargs)
-            self._sequences.append(sequence)
-            return sequence
+            self._last_sequence = runner_start(*args, **kwargs)
+            return self._last_sequence
 
         self._runner, self._runner_start = served.runner, runner_start
         served.runner.start = start
@@ -234,5 +233,5 @@ class _OwnerLoop:
         if not self._done.wait(600) or self._fenced is not None:
             raise RuntimeError(f"bench owner: {request_id} did not finish (fenced: {self._fenced})")
         wall = time.perf_counter() - started
-        stats = self._sequences.pop().stats
+        stats = self._last_sequence.stats
         return wall, stats.prefill_s + stats.decode_s
