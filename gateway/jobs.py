@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,17 @@ from shared.openai_schema import ChatCompletionRequest, GenerationRequest
 from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 
 ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl"}
+MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
+
+# KEYS: the model's stream, the request's enqueued marker.  ARGV: the marker's ttl, then the job's
+# field/value pairs.  Returns the entry id: the new one, or the first one if the job is already in.
+_ENQUEUE = """
+local existing = redis.call('GET', KEYS[2])
+if existing then return existing end
+local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('SET', KEYS[2], entry, 'EX', ARGV[1])
+return entry
+"""
 
 
 def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, timeout_s: float,
@@ -34,8 +46,18 @@ def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, time
 
 
 async def enqueue(redis: Redis, job: Job) -> str:
-    """XADD without MAXLEN: a queued job is never trimmed. Returns the entry id."""
-    return await redis.xadd(keys.request_stream(job.model), job.to_fields())
+    """XADD without MAXLEN (a queued job is never trimmed), at most once per request; returns the entry id.
+
+    At most once because a client with retries on (redis-py's `Retry`; the gateway's pool has none
+    today) resends a command whose reply was lost, to a connection reset or a socket timeout while
+    Redis stalls: a plain XADD retried after it landed would queue the job twice, and two workers
+    would run it and interleave their events. The script adds the entry and a marker holding its
+    id in one step, so a retry finds the marker and returns the first id.
+    """
+    ttl_s = max(math.ceil(job.deadline - time.time()), 0) + MARKER_MARGIN_S
+    fields = [part for name, value in job.to_fields().items() for part in (name, value)]
+    return await redis.register_script(_ENQUEUE)(keys=[keys.request_stream(job.model), keys.enqueued_marker(job.id)],
+                                                  args=[ttl_s, *fields])
 
 
 async def cancel(redis: Redis, request_id: str) -> None:

@@ -43,6 +43,11 @@ def job_state(request_id: str) -> str:
     return f"{PREFIX}job:{request_id}"
 
 
+def enqueued_marker(request_id: str) -> str:
+    """The entry id the request's job was XADDed as; set with it, so a retried XADD adds nothing."""
+    return f"{PREFIX}enqueued:{request_id}"
+
+
 def cancel_key(request_id: str) -> str:
     """Exists (with a TTL) once the request is cancelled; workers check it before each step."""
     return f"{PREFIX}cancel:{request_id}"

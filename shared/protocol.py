@@ -3,7 +3,9 @@
 A request's life, with the Redis names from `shared.keys`:
 
 1. The gateway listens on `events_channel(id)` and only then XADDs a `Job` (`Job.to_fields()`)
-   to `request_stream(model)` (it PSUBSCRIBEs once to a pattern matching every id it makes).
+   to `request_stream(model)` (it PSUBSCRIBEs once to a pattern matching every id it makes),
+   at most once: a script adds the entry and `enqueued_marker(id)` (its entry id) together, and
+   returns the marked id if the job is already in, so a retried command cannot queue it twice.
    The consumer group `CONSUMER_GROUP` is created with start id "0" (`XGROUP CREATE ... 0
    MKSTREAM`) by whichever side gets there first; BUSYGROUP is not an error.
 2. A worker XREADGROUPs the job when it has a free lane; `JobState` in `job_state(id)` is written
