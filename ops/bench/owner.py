@@ -74,6 +74,8 @@ def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_i
     served = load_serving_model(model, "none", None, dtype, num_threads=threads)
     prompts = [encode_prompt(served, HELD_OUT[i % len(HELD_OUT)]) for i in range(requests)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for prompt in prompts:  # a one-line error now, not a failed lane later
+        served.runner.check_fits(len(prompt), max_tokens)
     with EmbeddedRedis() as server, _Listener(server.url), _OwnerLoop(served, server.url,
                                                                        publish_interval_s) as owner:
         contenders: dict[str, Callable] = {"generate": _generate_loop(served), "owner": owner.run_request}
