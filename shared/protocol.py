@@ -23,7 +23,8 @@ A request's life, with the Redis names from `shared.keys`:
    `seq` starts at 0 and is contiguous per request *across attempts*, so LRANGE index == seq.
    Pub/sub is at-most-once: the gateway repairs a gap (or silence) with LRANGE on the log.
    A delta carries the tokens of one decode step or, when steps waited to be published, of
-   several (`merge_deltas`): readers must not count deltas as steps or tokens.
+   several (merged while they waited: `worker.step_delta`): readers must not count deltas as
+   steps or tokens.
 4. Each choice ends with exactly one `FinalEvent`; an `ErrorEvent` ends the whole request.
    Afterwards the worker XACKs and XDELs the entry and DELs the job state (one transaction).
    The gateway never trims the stream, so unread jobs are never lost.
@@ -223,24 +224,6 @@ class ErrorEvent(_EventBase):
 
 Event = Annotated[DeltaEvent | FinalEvent | ErrorEvent, Field(discriminator="type")]
 _EVENT = TypeAdapter(Event)
-
-
-def merge_deltas(first: object, second: object) -> DeltaEvent | None:
-    """One delta saying what `first` then `second` say (at `first`'s seq), or None if they cannot be
-    one event: not both deltas, other choices or attempts, or logprobs in one and not the other."""
-    if not (isinstance(first, DeltaEvent) and isinstance(second, DeltaEvent)):
-        return None
-    if first.choice != second.choice or first.attempt != second.attempt:
-        return None
-    if (first.logprobs is None) != (second.logprobs is None):  # one entry per token, or none at all
-        return None
-    return first.model_copy(update={
-        "text": first.text + second.text,
-        "reasoning": first.reasoning + second.reasoning,
-        "token_ids": first.token_ids + second.token_ids,
-        "tool_calls": merge_tool_calls(first.tool_calls, second.tool_calls),
-        "logprobs": None if first.logprobs is None else first.logprobs + second.logprobs,
-    })
 
 
 def merge_tool_calls(first: list[ToolCallDelta], second: list[ToolCallDelta]) -> list[ToolCallDelta]:

@@ -14,7 +14,9 @@ A publisher that keeps up takes every step as its own event: nothing waits to be
 stays contiguous (the owner numbers only what it queued), and the event log still holds every
 token published, in order (a reclaimer replays it: see `JobState`).
 
-Taken items are never touched again, so a batch whose publish failed is retried exactly as it was.
+A pending delta is merged in place (`StepDelta.absorb`): until it is taken it is the outbox's
+alone. Taken items are never touched again, so a batch whose publish failed is retried exactly as
+it was.
 Only the owner thread uses an outbox: no lock.
 
 An item is *urgent* when holding it back would cost the client: a job's first visible output (the
@@ -29,8 +31,8 @@ always due, and `take(flush=True)` takes everything (the owner has no step to ru
 
 from __future__ import annotations
 
-from shared.protocol import DeltaEvent, merge_deltas
 from worker.redis_io import BatchItem, Publication
+from worker.step_delta import StepDelta
 
 
 class Outbox:
@@ -71,7 +73,7 @@ class Outbox:
 
 
 def _urgent(item: BatchItem) -> bool:
-    if not isinstance(item, Publication) or not isinstance(item.event, DeltaEvent):
+    if not isinstance(item, Publication) or not isinstance(item.event, StepDelta):
         return True  # a final, an error or an ack
     return item.first_output
 
@@ -83,9 +85,9 @@ def _due(item: BatchItem, stream_interval: int) -> bool:
 def _merge_into(pending: BatchItem, item: BatchItem) -> bool:
     if not (isinstance(pending, Publication) and isinstance(item, Publication)):
         return False
-    merged = merge_deltas(pending.event, item.event)
-    if merged is None:
+    if not (isinstance(pending.event, StepDelta) and isinstance(item.event, StepDelta)):
         return False
-    pending.event = merged
+    if not pending.event.absorb(item.event):  # in place: a pending item is the outbox's alone
+        return False
     pending.first_output = pending.first_output or item.first_output
     return True

@@ -6,8 +6,9 @@ The asyncio side talks to it through `inbox` (thread-safe `queue.Queue`), which 
 `worker.publisher`), in order: `put` queues `Publication`s and `JobDone`s, and `pump`, called
 after every step, does the sink's I/O without waiting while there is a step to run. The inbox is
 drained before every step, so a cancel that arrived is seen before the lane's next step. Each
-decode step of a lane becomes one delta event (its token ids, even when the text is still held
-back, so the job state always records every emitted token) unless `put` merged it into the job's
+decode step of a lane becomes one delta (a `StepDelta`, encoded as the wire's event when its batch
+goes out; its token ids even when the text is still held back, so the job state always records
+every emitted token) unless `put` merged it into the job's
 previous delta, still waiting to be published (then that event carries both steps and the seq is
 not used); each choice ends with one final event; an error event ends the whole request. A job's
 deltas up to and including its first visible output are flagged `first_output`: the publisher
@@ -24,12 +25,13 @@ from typing import Protocol
 
 import tokenizers
 
-from shared.protocol import DeltaEvent, ErrorCode, ErrorEvent, FinalEvent, FinalStats, ToolCallDelta, Usage
+from shared.protocol import ErrorCode, ErrorEvent, FinalEvent, FinalStats, ToolCallDelta, Usage
 from worker.jobs import JobSpec
 from worker.lane_output import LaneDelta, LaneOutput, format_logprobs
 from worker.model_stepper import LaneStart, LaneState, ModelStepper
 from worker.redis_io import BatchItem, Event, JobDone, JobRef, Publication
 from worker.scheduler import LaneKey, LaneRequest, LaneTooLarge, Scheduler, SchedulerConfig, StepKind, StepResult
+from worker.step_delta import StepDelta
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle owner blocks on its inbox before looking again
@@ -304,13 +306,11 @@ class Owner:
             return
         first_output = not job.shown  # up to the first visible output, nothing may wait (TTFT)
         job.shown = job.shown or not delta.empty
-        self._publish(job, DeltaEvent(
-            id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq, choice=choice, text=delta.text,
-            reasoning=delta.reasoning, token_ids=list(token_ids), logprobs=logprobs,
-            tool_calls=[ToolCallDelta.model_validate(call) for call in delta.tool_calls],
-        ), first_output)
+        tool_calls = [ToolCallDelta.model_validate(call) for call in delta.tool_calls] if delta.tool_calls else []
+        self._publish(job, StepDelta(job.spec.request_id, job.ref.attempt, job.next_seq, choice, delta.text,
+                                     delta.reasoning, list(token_ids), tool_calls, logprobs), first_output)
 
-    def _publish(self, job: _Job, event: Event, first_output: bool = False) -> None:
+    def _publish(self, job: _Job, event: Event | StepDelta, first_output: bool = False) -> None:
         if not self.sink.put(Publication(job.ref, event, first_output)):
             job.next_seq += 1  # queued as its own event (True: merged into the previous delta)
 

@@ -27,6 +27,7 @@ from redis.exceptions import ResponseError
 
 from shared import keys
 from shared.protocol import EVENT_LOG_TTL_S, JOB_STATE_TTL_S, DeltaEvent, ErrorEvent, FinalEvent, JobState, encode_event
+from worker.step_delta import StepDelta
 
 Event = DeltaEvent | FinalEvent | ErrorEvent
 
@@ -147,7 +148,7 @@ class Publication:
     """One event of a job (written with the job state it leaves: see `JobState`)."""
 
     ref: JobRef
-    event: Event
+    event: Event | StepDelta  # a delta stays a StepDelta until its batch is encoded
     # A delta up to and including the job's first visible output: never held back (TTFT). Finals,
     # errors and acks never are either; later deltas may wait for the stream and publish intervals.
     first_output: bool = False
@@ -294,7 +295,8 @@ def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | No
 
 def _publish_args(item: Publication) -> list[Any]:
     ref, event = item.ref, item.event
-    args = ["p", ref.entry_id, ref.attempt, event.seq, encode_event(event), keys.events_channel(ref.request_id)]
+    wire = event.event() if isinstance(event, StepDelta) else event
+    args = ["p", ref.entry_id, ref.attempt, event.seq, encode_event(wire), keys.events_channel(ref.request_id)]
     assert len(args) == _BATCH_ARGS
     return args
 

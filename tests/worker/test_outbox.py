@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 
-from shared.protocol import DeltaEvent, FinalEvent, Usage
+from shared.protocol import FinalEvent, Usage
 from tests.worker.test_owner import TOKENIZER, ScriptedStepper, ids_of, spec
 from worker.heartbeat import WorkerCounters
 from worker.outbox import Outbox
 from worker.owner import Capacity, Owner, OwnerConfig, StartJob, StopOwner
 from worker.redis_io import JobDone, JobRef, Publication
+from worker.step_delta import StepDelta
 
 REF = JobRef("req-1", "stream", "1-0", 1)
 OTHER = JobRef("req-2", "stream", "2-0", 1)
@@ -18,7 +19,7 @@ OTHER = JobRef("req-2", "stream", "2-0", 1)
 
 def publication(ref: JobRef, seq: int, text: str, token_ids: list[int], choice: int = 0,
                 first_output: bool = False) -> Publication:
-    event = DeltaEvent(id=ref.request_id, attempt=1, seq=seq, choice=choice, text=text, token_ids=token_ids)
+    event = StepDelta(id=ref.request_id, attempt=1, seq=seq, choice=choice, text=text, token_ids=token_ids)
     return Publication(ref, event, first_output)
 
 
@@ -103,7 +104,7 @@ def test_an_owner_ahead_of_a_slow_publisher_sends_fewer_events_with_every_token_
     published = sink.published
 
     events = [item.event for item in published if isinstance(item, Publication)]
-    deltas = [event for event in events if isinstance(event, DeltaEvent)]
+    deltas = [event for event in events if isinstance(event, StepDelta)]
     assert [event.seq for event in events] == list(range(len(events))), "seq stays contiguous"
     assert [token for event in deltas for token in event.token_ids] == script, "every token once, in order"
     assert "".join(event.text for event in deltas) == text

@@ -19,6 +19,7 @@ from worker.lane_output import OutputOptions, ReasoningOptions
 from worker.model_stepper import LaneStart
 from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.redis_io import JobDone, JobRef, Publication
+from worker.step_delta import StepDelta
 
 TOKENIZER = train_tokenizer()
 
@@ -121,7 +122,9 @@ class OwnerHarness:
         self.owner.inbox.put(StartJob(spec, JobRef(spec.request_id, "stream", "1-0", spec.resume.attempt)))
 
     def events(self) -> list:
-        return [item.event for item in self.items if isinstance(item, Publication)]
+        """The events as they go on the wire (a delta is encoded when its batch goes out)."""
+        return [item.event.event() if isinstance(item.event, StepDelta) else item.event
+                for item in self.items if isinstance(item, Publication)]
 
 
 def spec(output: OutputOptions | None = None, max_tokens: int = 100, n: int = 1,
@@ -157,7 +160,7 @@ def test_deltas_up_to_the_first_visible_output_are_flagged_first_output():
     with OwnerHarness(ScriptedStepper(ids_of(text))) as harness:
         harness.start(spec(OutputOptions(parse_tool_calls=True)))
         assert harness.done.wait(10)
-    deltas = [item for item in harness.items if isinstance(item, Publication) and isinstance(item.event, DeltaEvent)]
+    deltas = [item for item in harness.items if isinstance(item, Publication) and isinstance(item.event, StepDelta)]
     shown = next(i for i, item in enumerate(deltas) if item.event.text or item.event.tool_calls)
     assert shown > 0, "the script should start with deltas that show nothing"
     assert [item.first_output for item in deltas] == [True] * (shown + 1) + [False] * (len(deltas) - shown - 1)

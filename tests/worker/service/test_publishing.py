@@ -25,6 +25,7 @@ from tests.worker.service.harness import (
 from tests.worker.service.test_service import reference
 from worker.publisher import Publisher
 from worker.redis_io import BATCH_SCRIPT, JobDone, JobRef, Publication, PublishResult, batch_call
+from worker.step_delta import StepDelta
 
 STREAM = keys.request_stream(MODEL)
 
@@ -39,7 +40,7 @@ def read_entries(client: redis.Redis, consumer: str, count: int) -> list[str]:
 
 
 def delta(ref: JobRef, seq: int, token: int, first_output: bool = False) -> Publication:
-    event = DeltaEvent(id=ref.request_id, attempt=ref.attempt, seq=seq, text=f"t{token} ", token_ids=[token])
+    event = StepDelta(id=ref.request_id, attempt=ref.attempt, seq=seq, text=f"t{token} ", token_ids=[token])
     return Publication(ref, event, first_output)
 
 
