@@ -8,11 +8,11 @@ after every step, does the sink's I/O without waiting while there is a step to r
 drained before every step, so a cancel that arrived is seen before the lane's next step. Each
 decode step of a lane becomes one delta (a `StepDelta`, encoded as the wire's event when its batch
 goes out; its token ids even when the text is still held back, so the job state always records
-every emitted token) unless `put` merged it into the job's
-previous delta, still waiting to be published (then that event carries both steps and the seq is
-not used); each choice ends with one final event; an error event ends the whole request. A job's
-deltas up to and including its first visible output are flagged `first_output`: the publisher
-never holds them back (TTFT), while later ones may wait for the publish and stream intervals.
+every emitted token) unless `put` merged it into the job's previous delta, still waiting to be
+published (then that event carries both steps and the seq is not used); each choice ends with one
+final event; an error event ends the whole request. A job's deltas up to and including its first
+visible output are flagged `first_output`: the publisher never holds them back (TTFT), while
+later ones may wait for the publish and stream intervals.
 """
 
 from __future__ import annotations
