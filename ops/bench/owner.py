@@ -20,6 +20,11 @@ the runner) and the rest of the wall time. The split says where the time goes, w
 measured on the tiny model: work between steps slows the model's step itself (a step after the
 detokenizer, or after a publish, finds colder caches), so the model's time differs between the
 loops too, and the paired ratio, not the non-model time, is the figure to trust.
+
+Each loop's CPU time per token is reported too (its thread's own clock). With `--free-model` the
+model's decode step is replaced by one that emits the prompt's tokens again at no cost (the KV
+cache still advances): what is left is each loop's own work, with warm caches and little noise,
+the way to measure a change to the owner's per-step code (run the old and the new tree in turn).
 """
 
 from __future__ import annotations
@@ -50,13 +55,41 @@ for _ in pubsub.listen():
 """
 
 
+class _FreeModel:
+    """Within the block, the runner's decode step costs nothing: it emits the prompt's tokens again,
+    one a step, advances the KV cache by one slot and ends the sequence at max_tokens."""
+
+    def __init__(self, runner, enabled: bool):
+        self._runner = runner
+        self._enabled = enabled
+
+    def __enter__(self) -> _FreeModel:
+        if self._enabled:
+            self._runner.decode_step = _free_decode_step  # an instance attribute: the class is untouched
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._enabled:
+            del self._runner.decode_step
+
+
+def _free_decode_step(sequence) -> list[int]:
+    token = sequence.prompt_ids[len(sequence.output_ids) % len(sequence.prompt_ids)]
+    sequence.cache.commit(1)
+    sequence.output_ids.append(token)
+    if len(sequence.output_ids) >= sequence.params.max_tokens:
+        sequence.finish_reason = "length"
+    sequence.stats.record_step(0, 0, 1)
+    return [token]
+
+
 def run_owner_command(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.max_tokens < 2 or args.publish_interval_ms < 0:
         raise ValueError(f"--requests={args.requests} must be at least 1, --max-tokens={args.max_tokens} at "
                          f"least 2, --publish-interval-ms={args.publish_interval_ms} at least 0")
     folder = results_dir(args.out)
     report = run_owner_bench(args.model, args.requests, args.max_tokens, args.publish_interval_ms / 1000,
-                             args.threads, args.dtype)
+                             args.threads, args.dtype, args.free_model)
     write_json(folder / "owner.json", report)
     text = owner_markdown(report)
     (folder / "owner.md").write_text(text)
@@ -66,7 +99,7 @@ def run_owner_command(args: argparse.Namespace) -> int:
 
 
 def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_interval_s: float,
-                    threads: int | None, dtype: str) -> dict:
+                    threads: int | None, dtype: str, free_model: bool = False) -> dict:
     from ops.bench.decode import encode_prompt  # torch from here on
     from ops.training.prompts import HELD_OUT
     from worker.serving_model import load_serving_model
@@ -76,68 +109,77 @@ def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_i
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for prompt in prompts:  # a one-line error now, not a failed lane later
         served.runner.check_fits(len(prompt), max_tokens)
-    with EmbeddedRedis() as server, _Listener(server.url), _OwnerLoop(served, server.url,
-                                                                       publish_interval_s) as owner:
+    with (EmbeddedRedis() as server, _Listener(server.url), _FreeModel(served.runner, free_model),
+          _OwnerLoop(served, server.url, publish_interval_s) as owner):
         contenders: dict[str, Callable] = {"generate": _generate_loop(served), "owner": owner.run_request}
         for run in contenders.values():  # warm-up, not counted
             run(prompts[0], params)
-        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+        samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in contenders}
         for index, prompt in enumerate(prompts):
             order = list(contenders) if index % 2 == 0 else list(reversed(contenders))
             for name in order:
                 samples[name].append(contenders[name](prompt, params))
     rows = {name: _summary(values, max_tokens) for name, values in samples.items()}
-    paired = [generate_wall / owner_wall for (generate_wall, _), (owner_wall, _)
-              in zip(samples["generate"], samples["owner"], strict=True)]
+    paired = [generate[0] / owner[0] for generate, owner in zip(samples["generate"], samples["owner"], strict=True)]
     return {
         "benchmark": "owner", "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(),
         "settings": {"model": served.name, "dtype": dtype, "threads": threads or "torch default",
-                     "requests": requests, "max_tokens": max_tokens,
+                     "requests": requests, "max_tokens": max_tokens, "free_model": free_model,
                      "publish_interval_ms": round(publish_interval_s * 1000, 3)},
         "contenders": rows, "paired_ratio": median_with_interval(paired),
     }
 
 
-def _summary(samples: list[tuple[float, float]], max_tokens: int) -> dict:
-    """Medians over requests, per token: wall time, the model's time, the rest."""
+def _summary(samples: list[tuple[float, float, float]], max_tokens: int) -> dict:
+    """Medians over requests, per token: wall time, the model's time, the rest, the loop thread's CPU."""
+
+    def per_token_us(values) -> float:
+        return round(statistics.median(value / max_tokens for value in values) * 1e6, 1)
+
     return {"requests": len(samples),
-            "wall_us_per_token": round(statistics.median(wall / max_tokens for wall, _ in samples) * 1e6, 1),
-            "model_us_per_token": round(statistics.median(model / max_tokens for _, model in samples) * 1e6, 1),
-            "non_model_us_per_token": round(statistics.median((wall - model) / max_tokens
-                                                              for wall, model in samples) * 1e6, 1)}
+            "wall_us_per_token": per_token_us(wall for wall, _, _ in samples),
+            "model_us_per_token": per_token_us(model for _, model, _ in samples),
+            "non_model_us_per_token": per_token_us(wall - model for wall, model, _ in samples),
+            "cpu_us_per_token": per_token_us(cpu for _, _, cpu in samples)}
 
 
 def owner_markdown(report: dict) -> str:
     settings = report["settings"]
     rows = [[name, str(row["requests"]), f"{row['wall_us_per_token']:.1f}", f"{row['model_us_per_token']:.1f}",
-             f"{row['non_model_us_per_token']:.1f}"] for name, row in report["contenders"].items()]
+             f"{row['non_model_us_per_token']:.1f}", f"{row['cpu_us_per_token']:.1f}"]
+            for name, row in report["contenders"].items()]
     paired = report["paired_ratio"]
     return "\n".join([
         f"# arbor bench owner — {report['timestamp']}", "",
         f"Model {settings['model']}, {settings['dtype']}, {settings['max_tokens']} tokens per request (EOS ignored), "
         f"greedy, torch threads: {settings['threads']}, publish interval {settings['publish_interval_ms']:g} ms; "
-        f"the two loops alternate request by request.", "",
-        markdown_table(["loop", "requests", "wall µs/token", "model µs/token", "rest µs/token"], rows), "",
+        f"the two loops alternate request by request."
+        + (" **Free model**: the decode step costs nothing; what is left is each loop's own work."
+           if settings["free_model"] else ""), "",
+        markdown_table(["loop", "requests", "wall µs/token", "model µs/token", "rest µs/token", "CPU µs/token"],
+                       rows), "",
         f"Generate's wall time per token over the owner's, request by request: median **{paired['median']:.3f}**, "
         f"95% interval of the median {paired['ci95'][0]:.3f}-{paired['ci95'][1]:.3f} ({paired['pairs']} pairs). "
         "The gateway path cannot beat this against in-process generate: the gateway, Redis and the client "
-        "only add to it. Medians in µs per token; the model's time is the runner's own clock.", "",
+        "only add to it. Medians in µs per token; the model's time is the runner's own clock, the CPU time "
+        "the loop's thread's.", "",
     ])
 
 
-def _generate_loop(served) -> Callable[[list[int], SamplingParams], tuple[float, float]]:
+def _generate_loop(served) -> Callable[[list[int], SamplingParams], tuple[float, float, float]]:
     from worker.engine.generate import PREFILL_CHUNK
     from worker.engine.text_output import TextOutput
 
-    def run(prompt: list[int], params: SamplingParams) -> tuple[float, float]:
-        started = time.perf_counter()
+    def run(prompt: list[int], params: SamplingParams) -> tuple[float, float, float]:
+        started, cpu_started = time.perf_counter(), time.thread_time()
         sequence = served.runner.start("bench", prompt, params)
         text_output = TextOutput(served.tokenizer, params.stop, prompt)
         while sequence.num_to_prefill > 0:
             served.runner.prefill(sequence, PREFILL_CHUNK)
         while not sequence.finished:
             text_output.add(served.runner.decode_step(sequence))
-        return time.perf_counter() - started, sequence.stats.prefill_s + sequence.stats.decode_s
+        stats = sequence.stats
+        return time.perf_counter() - started, stats.prefill_s + stats.decode_s, time.thread_time() - cpu_started
 
     return run
 
@@ -200,6 +242,7 @@ class _OwnerLoop:
 
     def __enter__(self) -> _OwnerLoop:
         self._thread.start()
+        self._cpu_clock = time.pthread_getcpuclockid(self._thread.ident)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -214,7 +257,7 @@ class _OwnerLoop:
         self._fenced = request_id
         self._done.set()
 
-    def run_request(self, prompt: list[int], params: SamplingParams) -> tuple[float, float]:
+    def run_request(self, prompt: list[int], params: SamplingParams) -> tuple[float, float, float]:
         from worker.jobs import JobSpec
         from worker.lane_output import OutputOptions
         from worker.owner import StartJob
@@ -230,10 +273,10 @@ class _OwnerLoop:
                        JobState(worker=WORKER_ID, attempt=1))
         self._done.clear()
         self.capacity.hold(1)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.clock_gettime(self._cpu_clock)
         self.owner.inbox.put(StartJob(spec, JobRef(request_id, STREAM, entry_id, 1)))
         if not self._done.wait(600) or self._fenced is not None:
             raise RuntimeError(f"bench owner: {request_id} did not finish (fenced: {self._fenced})")
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.clock_gettime(self._cpu_clock) - cpu_started
         stats = self._last_sequence.stats
-        return wall, stats.prefill_s + stats.decode_s
+        return wall, stats.prefill_s + stats.decode_s, cpu

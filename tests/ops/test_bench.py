@@ -111,9 +111,38 @@ def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, 
     assert set(report["contenders"]) == {"generate", "owner"}
     for row in report["contenders"].values():
         assert row["requests"] == 3
-        assert 0 < row["model_us_per_token"] <= row["wall_us_per_token"]
+        assert 0 < row["model_us_per_token"] <= row["wall_us_per_token"] and row["cpu_us_per_token"] > 0
     paired = report["paired_ratio"]
     assert paired["pairs"] == 3 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
+
+
+def test_bench_owner_with_a_free_model_times_the_loops_alone(tiny_model, tmp_path):
+    argv = ["bench", "owner", "--model", str(tiny_model), "--requests", "2", "--max-tokens", "64",
+            "--threads", "1", "--free-model", "--out", str(tmp_path)]
+    with one_torch_thread():
+        assert main(argv) == 0
+    report = json.loads((tmp_path / "owner.json").read_text())
+    assert report["settings"]["free_model"] and "Free model" in (tmp_path / "owner.md").read_text()
+    assert all(row["cpu_us_per_token"] > 0 for row in report["contenders"].values())
+
+
+def test_the_free_model_emits_the_prompt_again_until_max_tokens_then_gives_the_runner_back(tiny_model):
+    from ops.bench.owner import _FreeModel
+    from shared.sampling import SamplingParams
+    from worker.serving_model import load_serving_model
+
+    with one_torch_thread():
+        runner = load_serving_model(str(tiny_model), "none").runner
+        real = runner.decode_step
+        with _FreeModel(runner, enabled=True):
+            sequence = runner.start("free", [5, 6, 7], SamplingParams(max_tokens=5, ignore_eos=True))
+            runner.prefill(sequence, 64)
+            while not sequence.finished:
+                runner.decode_step(sequence)
+                assert sequence.num_to_prefill == 0, "the cache advances with every emitted token"
+        assert sequence.output_ids == [5, 6, 7, 5, 6] and sequence.finish_reason == "length"
+        assert runner.decode_step == real
+        assert sequence.stats.decode_s == 0.0
 
 
 @pytest.mark.parametrize("argv", [["--requests", "0"], ["--max-tokens", "1"], ["--publish-interval-ms", "-1"],
