@@ -21,6 +21,13 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("bench") / "tiny-qwen3")
 
 
+def bench_report(argv: list[str], out: Path, name: str) -> dict:
+    """Runs `arbor <argv> --out <out>` with one torch thread; its `<name>.json`."""
+    with one_torch_thread():
+        assert main([*argv, "--out", str(out)]) == 0
+    return json.loads((out / f"{name}.json").read_text())
+
+
 def test_the_paired_ratio_compares_neighbours_and_ignores_failed_pairs():
     def record(ttft_s: float, e2e_s: float, tokens: int = 11, ok: bool = True) -> RequestRecord:
         return RequestRecord(ok=ok, ttft_s=ttft_s, e2e_s=e2e_s, completion_tokens=tokens)
@@ -67,11 +74,8 @@ def test_bench_decode_writes_reports_with_ratios_and_a_passing_lossless_check(ti
 
 
 def test_bench_decode_reports_a_missing_drafter_as_unavailable(tiny_model, tmp_path):
-    argv = ["bench", "decode", "--model", str(tiny_model), "--modes", "none,dflash", "--prompts", "1",
-            "--max-tokens", "2", "--no-transformers", "--out", str(tmp_path)]
-    with one_torch_thread():
-        assert main(argv) == 0
-    report = json.loads((tmp_path / "decode.json").read_text())
+    report = bench_report(["bench", "decode", "--model", str(tiny_model), "--modes", "none,dflash", "--prompts", "1",
+                           "--max-tokens", "2", "--no-transformers"], tmp_path, "decode")
     (missing,) = report["unavailable"]
     assert missing["name"] == "arbor dflash" and "--draft" in missing["reason"] and "\n" not in missing["reason"]
     assert [c["name"] for c in report["contenders"]] == ["arbor none"]
@@ -102,11 +106,8 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
 
 
 def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, capsys):
-    argv = ["bench", "owner", "--model", str(tiny_model), "--requests", "3", "--max-tokens", "8",
-            "--threads", "1", "--out", str(tmp_path)]
-    with one_torch_thread():
-        assert main(argv) == 0
-    report = json.loads((tmp_path / "owner.json").read_text())
+    report = bench_report(["bench", "owner", "--model", str(tiny_model), "--requests", "3", "--max-tokens", "8",
+                           "--threads", "1"], tmp_path, "owner")
     assert (tmp_path / "owner.md").read_text() in capsys.readouterr().out
     assert set(report["contenders"]) == {"generate", "owner"}
     for row in report["contenders"].values():
@@ -117,11 +118,8 @@ def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, 
 
 
 def test_bench_owner_with_a_free_model_times_the_loops_alone(tiny_model, tmp_path):
-    argv = ["bench", "owner", "--model", str(tiny_model), "--requests", "2", "--max-tokens", "64",
-            "--threads", "1", "--free-model", "--out", str(tmp_path)]
-    with one_torch_thread():
-        assert main(argv) == 0
-    report = json.loads((tmp_path / "owner.json").read_text())
+    report = bench_report(["bench", "owner", "--model", str(tiny_model), "--requests", "2", "--max-tokens", "64",
+                           "--threads", "1", "--free-model"], tmp_path, "owner")
     assert report["settings"]["free_model"] and "Free model" in (tmp_path / "owner.md").read_text()
     assert all(row["cpu_us_per_token"] > 0 for row in report["contenders"].values())
 
