@@ -167,18 +167,11 @@ def owner_markdown(report: dict) -> str:
 
 
 def _generate_loop(served) -> Callable[[list[int], SamplingParams], tuple[float, float, float]]:
-    from worker.engine.generate import PREFILL_CHUNK
-    from worker.engine.text_output import TextOutput
+    from worker.engine.generate import generate
 
     def run(prompt: list[int], params: SamplingParams) -> tuple[float, float, float]:
         started, cpu_started = time.perf_counter(), time.thread_time()
-        sequence = served.runner.start("bench", prompt, params)
-        text_output = TextOutput(served.tokenizer, params.stop, prompt)
-        while sequence.num_to_prefill > 0:
-            served.runner.prefill(sequence, PREFILL_CHUNK)
-        while not sequence.finished:
-            text_output.add(served.runner.decode_step(sequence))
-        stats = sequence.stats
+        stats = generate(served.runner, served.tokenizer, prompt, params, request_id="bench").stats
         return time.perf_counter() - started, stats.prefill_s + stats.decode_s, time.thread_time() - cpu_started
 
     return run
@@ -235,8 +228,8 @@ class _OwnerLoop:
             self._last_sequence = runner_start(*args, **kwargs)
             return self._last_sequence
 
-        self._runner, self._runner_start = served.runner, runner_start
-        served.runner.start = start
+        self._runner = served.runner
+        served.runner.start = start  # an instance attribute: the class is untouched
         self._thread = threading.Thread(target=self.owner.run, name="arbor-owner", daemon=True)
         self._count = 0
 
@@ -250,7 +243,7 @@ class _OwnerLoop:
 
         self.owner.inbox.put(StopOwner())
         self._thread.join(30)
-        self._runner.start = self._runner_start
+        del self._runner.start  # the instance attribute goes: the class's method is back
         self._redis.close()
 
     def _lost(self, request_id: str) -> None:  # on the owner thread: note it, and end the wait
