@@ -4,8 +4,11 @@ The pipeline, per token:  ids -> detokenizer + stop strings (TextOutput)
                               -> think tags (ReasoningParser): reasoning | content
                               -> <tool_call> JSON (ToolCallParser): content | tool_calls
 
-Tokens go through one at a time, so the reasoning budget is counted per token: a token counts
-when the parser is inside the think tags after reading it. Once the budget is spent the close tag
+Tokens go through one at a time, whatever step emitted them. So what the detokenizer holds back
+depends on the tokens alone, not on how steps grouped them (replay, below, relies on it: a
+detokenizer fed a step that ends inside a character emits nothing for the whole step), and the
+reasoning budget is counted per token: a token counts when the parser is inside the think tags
+after reading it. Once the budget is spent the close tag
 is forced: `tokens_to_force()` hands the owner the tag's token ids (appended to the sequence, so
 the model continues with the answer) and the parser treats the tag as content's start. A decode
 step may emit several tokens at once, so with speculation the reasoning can run past the budget
@@ -85,6 +88,8 @@ class LaneOutput:
         return self._tools is not None and bool(self._tools.finish())
 
     def add(self, token_ids: Sequence[int]) -> LaneDelta:
+        if self._reasoning is None and self._tools is None:  # plain text: no parser's delta per token
+            return LaneDelta(text="".join([self._text.add((token,)) for token in token_ids]))
         delta = LaneDelta()
         for token in token_ids:
             delta.extend(self._route(self._text.add([token])))

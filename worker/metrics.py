@@ -57,8 +57,14 @@ def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: flo
 
 
 def serve_metrics(collector: WorkerCollector, host: str, port: int):
-    """Start the endpoint on a daemon thread; returns the server (call .shutdown() to stop)."""
+    """Start the endpoint on a daemon thread; returns the server (stop it with `stop_metrics`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server
+
+
+def stop_metrics(server) -> None:
+    """Stop serving and close the listening socket (`shutdown` alone leaves it open)."""
+    server.shutdown()
+    server.server_close()

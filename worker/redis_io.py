@@ -295,8 +295,8 @@ def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | No
 
 def _publish_args(item: Publication) -> list[Any]:
     ref, event = item.ref, item.event
-    wire = event.event() if isinstance(event, StepDelta) else event
-    args = ["p", ref.entry_id, ref.attempt, event.seq, encode_event(wire), keys.events_channel(ref.request_id)]
+    encoded = event.to_json() if isinstance(event, StepDelta) else encode_event(event)
+    args = ["p", ref.entry_id, ref.attempt, event.seq, encoded, keys.events_channel(ref.request_id)]
     assert len(args) == _BATCH_ARGS
     return args
 

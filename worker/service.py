@@ -141,7 +141,9 @@ class WorkerService:
         finally:
             await client.aclose()
             if metrics is not None:
-                metrics.shutdown()
+                from worker.metrics import stop_metrics
+
+                stop_metrics(metrics)
 
     def _serve_metrics(self):
         if not self.config.metrics_port:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -148,3 +149,66 @@ def test_logprobs_are_formatted_with_token_text_and_bytes(tokenizer):
     assert formatted.token == tokenizer.decode([hello]) and formatted.logprob == -0.5
     assert formatted.bytes == list(formatted.token.encode())
     assert [top.logprob for top in formatted.top_logprobs] == [-0.5, -1.5]
+
+
+@pytest.mark.parametrize("options", [OutputOptions(), OutputOptions(parse_tool_calls=True),
+                                     OutputOptions(stop=("lazy dog",), parse_tool_calls=True),
+                                     OutputOptions(reasoning=ReasoningOptions(budget=3, close_ids=(1,)))])
+@pytest.mark.parametrize("step", [2, 3, 5])
+def test_a_multi_token_step_says_what_its_tokens_say_one_by_one(tokenizer, options, step):
+    """A speculative step emits several tokens at once; without a reasoning parser to count them
+    they go through the text pipeline together."""
+    text = ('Fox é <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call> '
+            '<think>a b c d e</think> over the lazy dog. Hello')
+    token_ids = ids_of(tokenizer, text)
+    one_by_one = LaneOutput(tokenizer, options, [])
+    expected = LaneDelta()
+    for token in token_ids:
+        if one_by_one.stopped:
+            break
+        expected.extend(one_by_one.add([token]))
+    expected.extend(one_by_one.finish())
+
+    in_steps = LaneOutput(tokenizer, options, [])
+    got = LaneDelta()
+    for start in range(0, len(token_ids), step):
+        if in_steps.stopped:
+            break
+        got.extend(in_steps.add(token_ids[start:start + step]))
+    got.extend(in_steps.finish())
+
+    assert (got.text, got.reasoning) == (expected.text, expected.reasoning)
+    assert calls_of(got) == calls_of(expected), "fragments may split differently, the calls may not"
+    assert in_steps.stopped == one_by_one.stopped
+    assert in_steps.made_tool_calls == one_by_one.made_tool_calls
+
+
+@pytest.mark.parametrize("options", [OutputOptions(), OutputOptions(parse_tool_calls=True),
+                                     OutputOptions(reasoning=ReasoningOptions(budget=3, close_ids=(1,)))])
+def test_replay_is_seamless_whatever_the_tokens(tokenizer, options):
+    """Random ids (a tiny model's output) end inside characters all the time: the replayed
+    tokens must leave the detokenizer holding back exactly what the dead worker's held back."""
+    rng = random.Random(1)
+    for _ in range(60):
+        prompt = [rng.randrange(tokenizer.get_vocab_size()) for _ in range(6)]
+        token_ids = [rng.randrange(tokenizer.get_vocab_size()) for _ in range(24)]
+        whole = feed_one_by_one(LaneOutput(tokenizer, options, prompt), token_ids)
+        cut = rng.randrange(len(token_ids) + 1)
+        first = LaneOutput(tokenizer, options, prompt)
+        published = LaneDelta()
+        for token in token_ids[:cut]:
+            published.extend(first.add([token]))
+        second = LaneOutput(tokenizer, options, prompt)
+        second.add(token_ids[:cut])  # replayed, not sent
+        rest = feed_one_by_one(second, token_ids[cut:])
+        assert (published.text + rest.text, published.reasoning + rest.reasoning) == (whole.text, whole.reasoning)
+
+
+def calls_of(delta: LaneDelta) -> dict[int, list[str]]:
+    """Tool-call deltas joined as a client joins them: per index, its name and arguments (ids are random)."""
+    calls: dict[int, list[str]] = {}
+    for call in delta.tool_calls:
+        joined = calls.setdefault(call["index"], ["", ""])
+        joined[0] += call["function"].get("name") or ""
+        joined[1] += call["function"].get("arguments") or ""
+    return calls

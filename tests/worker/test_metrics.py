@@ -6,7 +6,7 @@ import socket
 import urllib.request
 
 from worker.heartbeat import WorkerCounters, WorkerIdentity
-from worker.metrics import WorkerCollector, serve_metrics
+from worker.metrics import WorkerCollector, serve_metrics, stop_metrics
 
 
 def _free_port() -> int:
@@ -22,9 +22,10 @@ def test_metrics_endpoint_reads_live_counters():
     server = serve_metrics(WorkerCollector(identity, counters, lambda: 1), "127.0.0.1", port)
     try:
         counters.tokens += 5  # read at scrape time, not copied at start
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            body = response.read().decode()
     finally:
-        server.shutdown()
+        stop_metrics(server)
     assert 'arbor_worker_generated_tokens_total{model="tiny",speculation="mtp"} 12.0' in body
     assert 'arbor_worker_spec_accepted_by_position_total{model="tiny",position="1",speculation="mtp"} 3.0' in body
     assert 'arbor_worker_spec_accepted_by_position_total{model="tiny",position="2",speculation="mtp"} 1.0' in body

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.protocol import DeltaEvent, FunctionDelta, TokenLogprob, ToolCallDelta
+from shared.protocol import DeltaEvent, FunctionDelta, TokenLogprob, ToolCallDelta, encode_event, parse_event
 from worker.step_delta import StepDelta
 
 
@@ -75,3 +75,23 @@ def test_tool_call_fragments_join_the_call_they_continue() -> None:
         (1, "call_2", "other", "{}"),
     ]
     assert json.loads(calls[0].function.arguments) == {"q": 1}
+
+
+@given(st.text(), st.text(), st.lists(st.integers(0, 2**31 - 1), max_size=4), st.text(min_size=1, max_size=40),
+       st.integers(0, 10**6), st.integers(0, 10**9), st.integers(0, 8))
+def test_its_json_is_the_wire_events_byte_for_byte(text: str, reasoning: str, token_ids: list[int], request_id: str,
+                                                   attempt: int, seq: int, choice: int) -> None:
+    step = StepDelta(id=request_id, attempt=attempt, seq=seq, choice=choice, text=text, reasoning=reasoning,
+                     token_ids=token_ids)
+
+    assert step.to_json() == encode_event(step.event())
+    assert parse_event(step.to_json()) == step.event()
+
+
+def test_deltas_with_tool_calls_or_logprobs_encode_as_the_wire_event() -> None:
+    with_calls = delta(0, tool_calls=[call(0, '{"q', name="lookup", id="call_1")])
+    with_logprobs = delta(1, "a", token_ids=[5], logprobs=[TokenLogprob(token="a", logprob=-0.25, bytes=[97])])
+
+    for step in (with_calls, with_logprobs):
+        assert step.to_json() == encode_event(step.event())
+        assert parse_event(step.to_json()) == step.event()
