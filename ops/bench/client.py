@@ -94,18 +94,24 @@ class StreamedResponse:
 
 
 class SseClient:
-    """POST a JSON body, read the streamed reply; idle connections are kept and reused."""
+    """POST a JSON body, read the streamed reply; idle connections are kept and reused.
 
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    Only while the server surely still keeps them: uvicorn closes a connection idle for 5 s (its
+    `timeout_keep_alive`), and a request written to a connection it is closing is lost. So a
+    connection idle longer than `keep_alive_s` is closed rather than reused (in `bench serving`'s
+    comparison, in-process requests block the loop for seconds between two gateway requests)."""
+
+    def __init__(self, base_url: str, timeout_s: float, keep_alive_s: float = 2.0) -> None:
         url = urllib.parse.urlsplit(base_url)
         self._host, self._port = url.hostname or "127.0.0.1", url.port or 80
         self.timeout_s = timeout_s
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.keep_alive_s = keep_alive_s
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []  # + idle since
 
     @asynccontextmanager
     async def post(self, path: str, body: dict) -> AsyncIterator[StreamedResponse]:
         payload = json.dumps(body).encode()
-        reader, writer = self._idle.pop() if self._idle else await asyncio.open_connection(self._host, self._port)
+        reader, writer = await self._connection()
         response = None
         try:
             writer.write(f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
@@ -115,12 +121,20 @@ class SseClient:
             yield response
         finally:
             if response is not None and response.complete:
-                self._idle.append((reader, writer))
+                self._idle.append((reader, writer, time.monotonic()))
             else:
                 writer.close()
 
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self._idle:
+            reader, writer, since = self._idle.pop()
+            if time.monotonic() - since < self.keep_alive_s and not reader.at_eof():
+                return reader, writer
+            writer.close()
+        return await asyncio.open_connection(self._host, self._port)
+
     async def aclose(self) -> None:
-        for _, writer in self._idle:
+        for _, writer, _ in self._idle:
             writer.close()
         self._idle.clear()
 

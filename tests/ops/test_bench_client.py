@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socketserver
+import threading
+import time
 
 from ops.bench.client import SseClient, chat_body, stream_chat
 
@@ -29,6 +32,12 @@ STREAM = [
 async def serve(connections: list[int], requests: list[bytes]) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(1)
+        try:
+            await answer(reader, writer)
+        finally:  # also when the loop ends first and cancels this
+            writer.close()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -49,7 +58,6 @@ async def serve(connections: list[int], requests: list[bytes]) -> asyncio.Server
                 await writer.drain()
                 await asyncio.sleep(0.001)
             writer.write(b"0\r\n\r\n")
-        writer.close()
 
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
@@ -100,3 +108,53 @@ def test_a_server_that_hangs_up_mid_stream_is_an_error_not_a_hang() -> None:
         assert not record.ok and record.error and "IncompleteReadError" in record.error
 
     asyncio.run(main())
+
+
+def test_a_connection_idle_past_the_keep_alive_is_not_reused() -> None:
+    """uvicorn closes a connection idle for 5 s; a request written to it then is lost. Here a server
+    on its own thread closes one idle for 0.3 s while the client's loop is blocked (as during an
+    in-process request) and does not see it; the client keeps connections for 0.1 s."""
+    class Handler(socketserver.StreamRequestHandler):
+        timeout = 0.3  # idle this long: hang up, as uvicorn does
+
+        def handle(self) -> None:
+            connections.append(1)
+            try:
+                while head := self.rfile.readline():
+                    length = 0
+                    while (line := self.rfile.readline()) not in (b"\r\n", b""):
+                        if line.lower().startswith(b"content-length"):
+                            length = int(line.split(b":")[1])
+                    self.rfile.read(length)
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                                     + b"".join(chunk(part) for part in STREAM) + b"0\r\n\r\n")
+            except TimeoutError:
+                pass
+
+    connections: list[int] = []
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    async def main() -> list:
+        kept = SseClient(f"http://127.0.0.1:{port}", timeout_s=10, keep_alive_s=0.1)
+        stale = SseClient(f"http://127.0.0.1:{port}", timeout_s=10, keep_alive_s=60)
+        records = []
+        try:
+            for client in (kept, stale):
+                records.append(await stream_chat(client, chat_body("tiny", "hi", 2, 0.0)))
+                time.sleep(0.6)  # blocks the loop: the hang-up is not seen
+                records.append(await stream_chat(client, chat_body("tiny", "hi", 2, 0.0)))
+        finally:
+            await kept.aclose()
+            await stale.aclose()
+        return records
+
+    try:
+        records = asyncio.run(main())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [record.ok for record in records[:2]] == [True, True]
+    assert not records[3].ok, "reusing the closed connection loses the request (what the limit avoids)"
