@@ -90,6 +90,11 @@ class Publisher:
         """Queue an event or an ack; True if it was merged into a pending delta (no new seq)."""
         return self._outbox.put(item)
 
+    def due(self) -> bool:
+        """A delta put now would go out at the next `pump`: no batch is in flight and the publish
+        interval has passed. The owner holds plain lanes' tokens until then (`worker.owner`)."""
+        return self._batch is None and time.monotonic() - self._last_sent_at >= self.publish_interval_s
+
     @property
     def busy(self) -> bool:
         """Something is unsent or unanswered."""

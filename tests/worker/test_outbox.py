@@ -75,6 +75,9 @@ class SlowSink:
     def put(self, item) -> bool:
         return self.outbox.put(item)
 
+    def due(self) -> bool:
+        return time.monotonic() >= self._answered_at
+
     def pump(self, wait_s: float) -> bool:
         if self.outbox and time.monotonic() >= self._answered_at:
             self.published.extend(self.outbox.take())

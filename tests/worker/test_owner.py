@@ -53,13 +53,16 @@ class ScriptedStepper:
     tokens_per_step: int = 1
     step_delay_s: float = 0.0
     counters: WorkerCounters = field(default_factory=WorkerCounters)
+    lanes: list[ScriptedLane] = field(default_factory=list)  # every lane started, in order
 
     def kv_bytes(self, num_prompt_tokens: int, max_tokens: int) -> int:
         return 1
 
     def start(self, payload: LaneStart) -> ScriptedLane:
-        return ScriptedLane(self.script, payload.params, list(payload.resumed_ids), payload.num_logprobs,
+        lane = ScriptedLane(self.script, payload.params, list(payload.resumed_ids), payload.num_logprobs,
                             self.tokens_per_step)
+        self.lanes.append(lane)
+        return lane
 
     def num_to_prefill(self, lane: ScriptedLane) -> int:
         return 0
@@ -95,6 +98,7 @@ class ScriptedStepper:
 class OwnerHarness:
     def __init__(self, stepper: ScriptedStepper, max_lanes: int = 4):
         self.items: list[Publication | JobDone] = []
+        self.sink_due = True
         self.done = threading.Event()
         self.capacity = Capacity(max_lanes)
         self.owner = Owner(stepper, TOKENIZER, OwnerConfig("w", "none", max_lanes, 100, 64), self.capacity, self)
@@ -105,6 +109,9 @@ class OwnerHarness:
         if isinstance(item, JobDone):
             self.done.set()
         return False  # never merged: every event as the owner made it
+
+    def due(self) -> bool:
+        return self.sink_due  # True: every step goes out as it is made, nothing is held
 
     def pump(self, wait_s: float) -> bool:
         return False  # nothing is ever in flight
@@ -252,3 +259,50 @@ def test_a_resumed_choice_whose_stop_string_was_already_published_just_ends():
     events = run_job(ScriptedStepper(script), job)
     assert [(e.type, e.seq) for e in events] == [("final", 4)]
     assert events[0].finish_reason == "stop" and events[0].usage.completion_tokens == len(script) - 2
+
+
+def held_run(job: JobSpec, script: list[int], drop_after: int | None = None) -> OwnerHarness:
+    """A sink that is never due: what the owner may hold, it holds until the lane ends or drops."""
+    stepper = ScriptedStepper(script, step_delay_s=0.002 if drop_after else 0.0)
+    with OwnerHarness(stepper) as harness:
+        harness.sink_due = False
+        harness.start(job)
+        if drop_after is not None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(stepper.lanes[0].output_ids if stepper.lanes else []) < drop_after:
+                time.sleep(0.001)
+            harness.owner.inbox.put(DropJob("req-1", cancelled=True))
+        assert harness.done.wait(10)
+    return harness
+
+
+def test_a_plain_lane_is_held_after_its_first_output_until_the_sink_is_due():
+    """Its steps need nothing from their text, so the text is made once per batch, not per step
+    (the detokenizer's and the parsers' work between two model steps slows the next step)."""
+    text = "The quick brown fox jumps over the lazy dog."
+    script = ids_of(text)
+    events = held_run(spec(), script).events()
+    deltas = [e for e in events if isinstance(e, DeltaEvent)]
+    first_shown = next(i for i, d in enumerate(deltas) if d.text)
+    assert len(deltas) == first_shown + 2, "up to the first output one a step, then all of it at the end"
+    assert [t for d in deltas for t in d.token_ids] == script and "".join(d.text for d in deltas) == text
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert events[-1].type == "final" and events[-1].usage.completion_tokens == len(script)
+
+
+@pytest.mark.parametrize("output", [OutputOptions(stop=("lazy cat",)),
+                                    OutputOptions(reasoning=ReasoningOptions(budget=100, close_ids=(1,)))],
+                         ids=["stop strings", "reasoning budget"])
+def test_lanes_that_decide_on_their_text_are_never_held(output):
+    script = ids_of("The quick brown fox jumps over the lazy dog.")
+    events = held_run(spec(output), script).events()
+    assert [len(e.token_ids) for e in events if isinstance(e, DeltaEvent)] == [1] * len(script)
+
+
+def test_a_cancel_publishes_the_held_tokens_before_the_cancelled_final():
+    script = ids_of("x " * 200)
+    harness = held_run(spec(max_tokens=len(script)), script, drop_after=20)
+    events = harness.events()
+    emitted = [t for e in events if isinstance(e, DeltaEvent) for t in e.token_ids]
+    assert len(emitted) >= 20 and emitted == script[: len(emitted)]
+    assert events[-1].finish_reason == "cancelled" and events[-1].usage.completion_tokens == len(emitted)
