@@ -121,7 +121,8 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = worker_settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = resolve_default_speculation(settings)
-    service = WorkerService(ServiceConfig.from_settings(settings), lambda: load_worker_model(settings))
+    service = WorkerService(ServiceConfig.from_settings(settings), lambda: load_worker_model(settings),
+                            freeze_heap=True)
     asyncio.run(_serve_until_signalled(service))
     if service.abandoned_loading:  # stopped mid-load: leave now rather than finalise under torch's loader
         logging.shutdown()

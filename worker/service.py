@@ -22,6 +22,7 @@ then drop the heartbeat. Jobs still running at the end stay pending and are recl
 from __future__ import annotations
 
 import asyncio
+import gc
 import contextlib
 import logging
 import threading
@@ -105,10 +106,14 @@ class ServiceConfig:
 
 
 class WorkerService:
-    def __init__(self, config: ServiceConfig, load_model: Callable[[], ServingModel]):
+    def __init__(self, config: ServiceConfig, load_model: Callable[[], ServingModel], freeze_heap: bool = False):
+        """`freeze_heap`: once the model is loaded, move everything allocated so far out of the
+        garbage collector's reach (`_freeze_heap`). For a process that is the worker (`arbor
+        worker`), not for one that hosts it among other things (tests)."""
         assert config.redis_timeout_s * 1000 > READ_BLOCK_MS, "a blocking read must end before its socket times out"
         self.config = config
         self.load_model = load_model
+        self.freeze_heap = freeze_heap
         self.counters = WorkerCounters()
         self.capacity = Capacity(config.max_lanes)
         self.identity = WorkerIdentity(config.worker_id, config.model_name, config.speculation, config.max_lanes,
@@ -214,6 +219,8 @@ class WorkerService:
             owner = self._build_owner(publisher)
             if self.abandoned_loading:
                 return  # the service stopped while the model loaded, and is gone
+            if self.freeze_heap:
+                _freeze_heap()
             loop.call_soon_threadsafe(_resolve, ready, owner)
             waiting = exited
             owner.run()
@@ -432,3 +439,13 @@ def _resolve(future: asyncio.Future, value: object) -> None:
 def _fail_future(future: asyncio.Future, error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
+
+
+def _freeze_heap() -> None:
+    """Collect the loading's garbage, then freeze what is left (the model, tokenizer, templates,
+    imported modules) into the permanent generation, as vLLM does after start-up. A full collection
+    of a worker serving SmolLM2-135M walks ~330,000 objects and stops every thread for ~150 ms (CPU,
+    measured): a pause in the middle of every stream it lands in. Frozen objects are still freed by
+    reference counting; only cycles among them are never collected."""
+    gc.collect()
+    gc.freeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 
@@ -252,3 +253,19 @@ def test_a_loop_whose_body_swallows_a_cancel_still_ends(redis_server):
 
     asyncio.run(cancel_it())
     assert turns == 1
+
+
+def test_a_worker_process_freezes_its_loaded_heap_before_serving(redis_server, client, served_none):
+    """`arbor worker` freezes what loading allocated: a full collection then walks only what serving
+    allocates (on SmolLM2 it walked ~330,000 objects, a ~150 ms pause in some stream)."""
+    body = chat_body("Count with me", max_tokens=6)
+    worker = InProcessWorker(service_config(redis_server.url), served_none)
+    worker.service.freeze_heap = True
+    assert gc.get_freeze_count() == 0
+    try:
+        with worker:
+            assert gc.get_freeze_count() > 1000, "frozen once the model is loaded, before the first job"
+            events = wait_done(client, submit(client, body))
+    finally:
+        gc.unfreeze()  # this process is the test run, not a worker
+    assert text_of(events) == reference(served_none, body)[1].text
