@@ -91,9 +91,13 @@ class Publisher:
         return self._outbox.put(item)
 
     def due(self) -> bool:
-        """A delta put now would go out at the next `pump`: no batch is in flight and the publish
-        interval has passed. The owner holds plain lanes' tokens until then (`worker.owner`)."""
-        return self._batch is None and time.monotonic() - self._last_sent_at >= self.publish_interval_s
+        """A delta put now would go out at the next `pump` if the batch in flight has been answered:
+        the publish interval has passed and no failed batch waits to be resent. The owner holds
+        plain lanes' tokens until then (`worker.owner`). A batch still in flight does not count:
+        with steps longer than the interval its reply comes during the next step and that step's
+        `pump` reads it first, so waiting for it here would send only every other step."""
+        resending = self._batch is not None and self._sent_at is None
+        return not resending and time.monotonic() - self._last_sent_at >= self.publish_interval_s
 
     @property
     def busy(self) -> bool:

@@ -302,3 +302,25 @@ def test_a_publish_interval_spaces_batches_out(redis_server, client) -> None:
     assert [event.seq for event in events] == list(range(seq))
     assert [t for event in events for t in event.token_ids] == list(range(token)), "every token once, in order"
     assert token > 100 and 4 <= len(events) <= 13, f"~11 batches in 0.5 s, not one per step: {len(events)}"
+
+
+def test_with_steps_longer_than_the_interval_every_step_goes_out(redis_server, client) -> None:
+    """The owner asks `due` after each step, before the `pump` that reads the previous batch's
+    reply: a step longer than the publish interval must find it due, so each step goes out then."""
+    client.xadd(STREAM, {"id": "a"})
+    [entry] = read_entries(client, "w1", 1)
+    ref = JobRef("a", STREAM, entry, 1)
+    sink = publisher(redis_server.url, Recorder(), publish_interval_s=0.005)
+    try:
+        sink.put(delta(ref, 0, 0, first_output=True))
+        sink.pump(0.0)
+        for seq in range(1, 6):
+            time.sleep(0.02)  # a 20 ms step: the reply to the last batch has come meanwhile, unread
+            assert sink.due(), f"step {seq}"
+            assert not sink.put(delta(ref, seq, seq))
+            sink.pump(0.0)
+        assert sink.flush(5)
+    finally:
+        sink.close()
+    events = [parse_event(raw) for raw in client.lrange(keys.event_log("a"), 0, -1)]
+    assert [event.token_ids for event in events] == [[token] for token in range(6)], "one event a step"
