@@ -91,13 +91,16 @@ class Publisher:
         return self._outbox.put(item)
 
     def due(self) -> bool:
-        """A delta put now would go out at the next `pump` if the batch in flight has been answered:
-        the publish interval has passed and no failed batch waits to be resent. The owner holds
-        plain lanes' tokens until then (`worker.owner`). A batch still in flight does not count:
-        with steps longer than the interval its reply comes during the next step and that step's
-        `pump` reads it first, so waiting for it here would send only every other step."""
-        resending = self._batch is not None and self._sent_at is None
-        return not resending and time.monotonic() - self._last_sent_at >= self.publish_interval_s
+        """A delta put now would go out at the next `pump`: the publish interval has passed and no
+        batch is in flight. The owner holds plain lanes' tokens until then (`worker.owner`). The
+        reply to the batch in flight is taken here if it has come: with steps longer than the
+        interval it comes during the next step, and waiting for the `pump` after this question to
+        read it would send only every other step."""
+        if time.monotonic() - self._last_sent_at < self.publish_interval_s:
+            return False
+        if self._batch is not None and self._sent_at is not None:
+            self._guarded(self._take_reply, 0.0)
+        return self._batch is None
 
     @property
     def busy(self) -> bool:
@@ -109,17 +112,24 @@ class Publisher:
         for the end of a backoff), then send the next batch if there is one and it is time. A
         `wait_s` above 0 says the owner has no step to run: deltas held back by the stream or
         publish interval go out too. Returns `busy`."""
+        self._guarded(self._pump, wait_s)
+        return self.busy
+
+    def _pump(self, wait_s: float) -> None:
+        if self._batch is not None and self._sent_at is not None:
+            self._take_reply(wait_s)
+        if self._batch is None and self._outbox and self._time_to_send(wait_s):
+            self._batch, self._sent_at = self._outbox.take(self.stream_interval, flush=wait_s > 0) or None, None
+        if self._batch is not None and self._sent_at is None:
+            delay = self._retry_at - time.monotonic()
+            if delay > 0 and wait_s > 0:
+                time.sleep(min(delay, wait_s))
+            if time.monotonic() >= self._retry_at:
+                self._send()
+
+    def _guarded(self, io: Callable[[float], None], wait_s: float) -> None:
         try:
-            if self._batch is not None and self._sent_at is not None:
-                self._take_reply(wait_s)
-            if self._batch is None and self._outbox and self._time_to_send(wait_s):
-                self._batch, self._sent_at = self._outbox.take(self.stream_interval, flush=wait_s > 0) or None, None
-            if self._batch is not None and self._sent_at is None:
-                delay = self._retry_at - time.monotonic()
-                if delay > 0 and wait_s > 0:
-                    time.sleep(min(delay, wait_s))
-                if time.monotonic() >= self._retry_at:
-                    self._send()
+            io(wait_s)
         except REDIS_DOWN as error:
             self._failed(f"redis unavailable ({error})")
         except redis.exceptions.ResponseError as error:
@@ -127,7 +137,6 @@ class Publisher:
         except Exception:  # the owner thread must not die of a publishing bug: log, back off, go on
             log.exception("publisher: unexpected error")
             self._failed("unexpected error")
-        return self.busy
 
     def _time_to_send(self, wait_s: float) -> bool:
         return (wait_s > 0 or self._outbox.urgent

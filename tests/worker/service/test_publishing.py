@@ -305,8 +305,9 @@ def test_a_publish_interval_spaces_batches_out(redis_server, client) -> None:
 
 
 def test_with_steps_longer_than_the_interval_every_step_goes_out(redis_server, client) -> None:
-    """The owner asks `due` after each step, before the `pump` that reads the previous batch's
-    reply: a step longer than the publish interval must find it due, so each step goes out then."""
+    """The owner asks `due` after each step, before its `pump`. After a step longer than the
+    publish interval the last batch's reply has come, unread: `due` takes it and says yes, so each
+    step goes out at its end (not every other step)."""
     client.xadd(STREAM, {"id": "a"})
     [entry] = read_entries(client, "w1", 1)
     ref = JobRef("a", STREAM, entry, 1)
