@@ -68,11 +68,16 @@ def publisher(url: str, recorder: Recorder, worker_id: str = "w1", **options) ->
     return Publisher(pool, worker_id, STREAM, 2.0, recorder.lost.append, recorder.done.append, **options)
 
 
-def started_job(client: redis.Redis, url: str) -> tuple[JobRef, Recorder, Publisher]:
-    """Job "a", read by w1, with its publisher, whose first event has landed."""
+def read_job_a(client: redis.Redis) -> JobRef:
+    """Job "a", read by w1, nothing published yet."""
     client.xadd(STREAM, {"id": "a"})
     [entry] = read_entries(client, "w1", 1)
-    ref, recorder = JobRef("a", STREAM, entry, 1), Recorder()
+    return JobRef("a", STREAM, entry, 1)
+
+
+def started_job(client: redis.Redis, url: str) -> tuple[JobRef, Recorder, Publisher]:
+    """Job "a", read by w1, with its publisher, whose first event has landed."""
+    ref, recorder = read_job_a(client), Recorder()
     sink = publisher(url, recorder)
     sink.put(delta(ref, 0, 0))
     assert wait_for(lambda: not sink.pump(0.01), 10, "the first event to land")
@@ -105,17 +110,14 @@ def test_a_batch_is_fenced_event_by_event_and_a_retry_lands_nothing_twice(client
 
 
 def test_a_stale_attempt_is_fenced(client) -> None:
-    client.xadd(STREAM, {"id": "a"})
-    [entry] = read_entries(client, "w1", 1)
+    ref = read_job_a(client)
     client.hset(keys.job_state("a"), mapping={"attempt": "2", "next_seq": "0"})  # reclaimed meanwhile
-    assert run_batch(client, [delta(JobRef("a", STREAM, entry, 1), 0, 0)]) == [PublishResult.FENCED]
+    assert run_batch(client, [delta(ref, 0, 0)]) == [PublishResult.FENCED]
     assert not client.exists(keys.event_log("a"))
 
 
 def test_an_ack_in_a_batch_lands_after_the_events_before_it_and_only_for_its_owner(client) -> None:
-    client.xadd(STREAM, {"id": "a"})
-    [entry] = read_entries(client, "w1", 1)
-    ref = JobRef("a", STREAM, entry, 1)
+    ref = read_job_a(client)
     batch = [delta(ref, 0, 0), JobDone(ref)]
 
     assert run_batch(client, batch) == [PublishResult.UNHEARD, PublishResult.APPLIED], "nobody subscribed"
@@ -247,9 +249,7 @@ def test_a_job_nobody_hears_for_the_orphan_timeout_is_reported_once(redis_server
 
 
 def test_a_publish_interval_holds_later_deltas_back_but_never_a_first_output_or_a_final(redis_server, client):
-    client.xadd(STREAM, {"id": "a"})
-    [entry] = read_entries(client, "w1", 1)
-    ref = JobRef("a", STREAM, entry, 1)
+    ref = read_job_a(client)
     pubsub = client.pubsub()
     pubsub.subscribe(keys.events_channel("a"))
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"
@@ -282,9 +282,7 @@ def test_a_publish_interval_holds_later_deltas_back_but_never_a_first_output_or_
 
 
 def test_a_publish_interval_spaces_batches_out(redis_server, client) -> None:
-    client.xadd(STREAM, {"id": "a"})
-    [entry] = read_entries(client, "w1", 1)
-    ref = JobRef("a", STREAM, entry, 1)
+    ref = read_job_a(client)
     sink = publisher(redis_server.url, Recorder(), publish_interval_s=0.05)
     try:
         sink.put(delta(ref, 0, 0, first_output=True))
@@ -308,9 +306,7 @@ def test_with_steps_longer_than_the_interval_every_step_goes_out(redis_server, c
     """The owner asks `due` after each step, before its `pump`. After a step longer than the
     publish interval the last batch's reply has come, unread: `due` takes it and says yes, so each
     step goes out at its end (not every other step)."""
-    client.xadd(STREAM, {"id": "a"})
-    [entry] = read_entries(client, "w1", 1)
-    ref = JobRef("a", STREAM, entry, 1)
+    ref = read_job_a(client)
     sink = publisher(redis_server.url, Recorder(), publish_interval_s=0.005)
     try:
         sink.put(delta(ref, 0, 0, first_output=True))
