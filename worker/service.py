@@ -22,8 +22,8 @@ then drop the heartbeat. Jobs still running at the end stay pending and are recl
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -140,23 +140,22 @@ class WorkerService:
         client = redis.asyncio.Redis.from_url(self.config.redis_url, decode_responses=True,
                                               socket_timeout=self.config.redis_timeout_s,
                                               socket_connect_timeout=self.config.redis_timeout_s)
-        metrics = self._serve_metrics()
+        stop_metrics = self._serve_metrics()
         try:
             await self._serve(client, stop)
         finally:
             await client.aclose()
-            if metrics is not None:
-                from worker.metrics import stop_metrics
+            stop_metrics()
 
-                stop_metrics(metrics)
-
-    def _serve_metrics(self):
+    def _serve_metrics(self) -> Callable[[], None]:
+        """Serve /metrics if a port is set; returns what stops it."""
         if not self.config.metrics_port:
-            return None
-        from worker.metrics import WorkerCollector, serve_metrics
+            return lambda: None
+        from worker.metrics import WorkerCollector, serve_metrics, stop_metrics
 
         collector = WorkerCollector(self.identity, self.counters, lambda: self.capacity.held)
-        return serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
+        server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
+        return lambda: stop_metrics(server)
 
     async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
         self.io = RedisIO(client, self.config.worker_id)
