@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from gateway.app import create_app
+from shared.heap import freeze_startup_heap
 from shared.settings import GatewaySettings
 
 GRACEFUL_SHUTDOWN_S = 30  # let in-flight streams finish before the workers' events stop mattering
@@ -16,8 +17,10 @@ def run_gateway(settings: GatewaySettings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    app = create_app(settings)
+    freeze_startup_heap()  # this process is the gateway: what start-up made stays out of collections
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

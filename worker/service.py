@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import threading
 import time
@@ -36,6 +35,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from shared import keys
+from shared.heap import freeze_startup_heap
 from shared.protocol import parse_control
 from shared.sampling import SamplingParams
 from shared.settings import WorkerSettings
@@ -108,7 +108,7 @@ class ServiceConfig:
 class WorkerService:
     def __init__(self, config: ServiceConfig, load_model: Callable[[], ServingModel], freeze_heap: bool = False):
         """`freeze_heap`: once the model is loaded, move everything allocated so far out of the
-        garbage collector's reach (`_freeze_heap`). For a process that is the worker (`arbor
+        garbage collector's reach (`shared.heap`). For a process that is the worker (`arbor
         worker`), not for one that hosts it among other things (tests)."""
         assert config.redis_timeout_s * 1000 > READ_BLOCK_MS, "a blocking read must end before its socket times out"
         self.config = config
@@ -219,7 +219,7 @@ class WorkerService:
             if self.abandoned_loading:
                 return  # the service stopped while the model loaded, and is gone
             if self.freeze_heap:
-                _freeze_heap()
+                freeze_startup_heap()
             loop.call_soon_threadsafe(_resolve, ready, owner)
             waiting = exited
             owner.run()
@@ -439,12 +439,3 @@ def _fail_future(future: asyncio.Future, error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
 
-
-def _freeze_heap() -> None:
-    """Collect the loading's garbage, then freeze what is left (the model, tokenizer, templates,
-    imported modules) into the permanent generation, as vLLM does after start-up. A full collection
-    of a worker serving SmolLM2-135M walks ~330,000 objects and stops every thread for ~150 ms (CPU,
-    measured): a pause in the middle of every stream it lands in. Frozen objects are still freed by
-    reference counting; only cycles among them are never collected."""
-    gc.collect()
-    gc.freeze()
