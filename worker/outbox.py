@@ -39,12 +39,10 @@ class Outbox:
     def __init__(self) -> None:
         self._items: list[BatchItem] = []
         self._last: dict[str, int] = {}  # request id -> index in _items of its last pending item
-        self._urgent = False  # some pending item is urgent (asked after every step: kept, not searched)
 
     def put(self, item: BatchItem) -> bool:
         """Queue an item; True if it was merged into a pending delta (no new seq)."""
         request_id = item.ref.request_id
-        self._urgent = self._urgent or _urgent(item)  # merged, the pending delta takes its flag
         index = self._last.get(request_id)
         if index is not None and _merge_into(self._items[index], item):
             return True
@@ -54,21 +52,20 @@ class Outbox:
 
     @property
     def urgent(self) -> bool:
-        """Something pending must not wait: see the module's docstring."""
-        return self._urgent
+        """Something pending must not wait: see the module's docstring. (A few items at most, and
+        asked only while some are pending, which a held lane makes rare.)"""
+        return any(map(_urgent, self._items))
 
     def take(self, stream_interval: int = 1, flush: bool = False) -> list[BatchItem]:
         """Everything due, in order (with an interval of 1: everything); the rest stays, in order."""
         if stream_interval <= 1 or flush:
             items, self._items = self._items, []
             self._last.clear()
-            self._urgent = False
             return items
         due = {item.ref.request_id for item in self._items if _due(item, stream_interval)}
         taken = [item for item in self._items if item.ref.request_id in due]
         self._items = [item for item in self._items if item.ref.request_id not in due]
         self._last = {item.ref.request_id: index for index, item in enumerate(self._items)}
-        self._urgent = any(map(_urgent, self._items))
         return taken
 
     def __bool__(self) -> bool:
