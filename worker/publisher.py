@@ -65,7 +65,7 @@ class Publisher:
                  on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1,
                  orphan_timeout_s: float = 0.0, on_orphaned: Callable[[str], None] = lambda request_id: None,
                  publish_interval_s: float = 0.0):
-        self.pool = pool  # a connection is made from it, not borrowed: it stays ours
+        self.pool = pool  # its settings make our connection, which is never borrowed: it stays ours
         self.worker_id = worker_id
         self.stream = stream
         self.reply_timeout_s = reply_timeout_s
@@ -204,7 +204,10 @@ class Publisher:
     # -- the connection and failures -----------------------------------------------------------
 
     def _connect(self) -> redis.connection.AbstractConnection:
-        connection = self.pool.make_connection()
+        # Made from the pool's settings, not by the pool: the pool counts every connection it
+        # makes against its limit and never forgets one, so reconnecting through it would stop
+        # publishing for good after that many outages.
+        connection = self.pool.connection_class(**self.pool.connection_kwargs)
         connection.connect()
         connection.send_command("SCRIPT", "LOAD", BATCH_SCRIPT)
         sha = connection.read_response()

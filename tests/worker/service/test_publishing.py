@@ -174,6 +174,23 @@ def test_redis_gone_mid_stream_the_batch_is_resent_and_nothing_lands_twice() -> 
         client.close()
 
 
+def test_the_publisher_reconnects_however_often_its_connection_is_lost(redis_server, client) -> None:
+    """Each lost connection is replaced by a new one: none is counted against the pool's limit, or
+    a worker would stop publishing for good after that many Redis outages (100 by default)."""
+    ref, recorder = read_job_a(client), Recorder()
+    pool = redis.ConnectionPool.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2,
+                                         max_connections=2)
+    sink = Publisher(pool, "w1", STREAM, 2.0, recorder.lost.append, recorder.done.append)
+    try:
+        for seq in range(5):
+            sink.put(delta(ref, seq, seq))
+            assert wait_for(lambda: not sink.pump(0.01), 10, f"event {seq} to land"), seq
+            client.client_kill_filter(_type="normal", skipme=True)  # the publisher's connection, and only it
+    finally:
+        sink.close()
+    assert client.llen(keys.event_log("a")) == 5 and not recorder.lost
+
+
 def test_a_script_redis_forgot_is_loaded_again(redis_server, client) -> None:
     ref, recorder, sink = started_job(client, redis_server.url)
     try:
