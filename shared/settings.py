@@ -93,6 +93,9 @@ class WorkerSettings(BaseSettings):
     # ARBOR_PUBLISH_INTERVAL_MS: least time between a worker's event batches while it has steps to
     # run; shorter steps share a batch. A job's first output, finals and errors never wait. 0 = every step
     publish_interval_ms: float = Field(5.0, ge=0, le=1000)
+    # ARBOR_PUBLISH_BUDGET: share of the worker's owner thread that publishing may take. Where a
+    # batch costs more than budget x interval, the interval stretches (up to 50 ms). 0 = never stretch
+    publish_budget: float = Field(0.01, ge=0, le=1)
     orphan_timeout_s: float = Field(10.0, ge=0)  # ARBOR_ORPHAN_TIMEOUT_S: cancel a job nobody hears; 0 = never
     dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"  # ARBOR_DTYPE
     heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S

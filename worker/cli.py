@@ -96,13 +96,16 @@ def add_worker_parser(subparsers) -> None:
     parser.add_argument("--publish-interval-ms", type=float, default=None,
                         help="least time between event batches while steps run; 0 sends every step "
                              "(ARBOR_PUBLISH_INTERVAL_MS, default 5)")
+    parser.add_argument("--publish-budget", type=float, default=None,
+                        help="share of the owner thread publishing may take; dearer batches stretch the "
+                             "interval, up to 50 ms; 0 never stretches it (ARBOR_PUBLISH_BUDGET, default 0.01)")
     parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
     parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
     parser.set_defaults(handler=run_worker)
 
 
 _WORKER_FLAGS = ("model", "draft", "speculation", "max_lanes", "max_context", "prefill_cache_bytes",
-                 "stream_interval", "publish_interval_ms", "redis_url", "worker_id")
+                 "stream_interval", "publish_interval_ms", "publish_budget", "redis_url", "worker_id")
 
 
 def worker_settings(args: argparse.Namespace):

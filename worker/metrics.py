@@ -18,8 +18,10 @@ from worker.heartbeat import WorkerCounters, WorkerIdentity
 
 
 class WorkerCollector:
-    def __init__(self, identity: WorkerIdentity, counters: WorkerCounters, lanes_busy: Callable[[], int]):
+    def __init__(self, identity: WorkerIdentity, counters: WorkerCounters, lanes_busy: Callable[[], int],
+                 publish_interval_s: Callable[[], float] = lambda: 0.0):
         self.identity, self.counters, self.lanes_busy = identity, counters, lanes_busy
+        self.publish_interval_s = publish_interval_s
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "speculation"]
@@ -48,6 +50,9 @@ class WorkerCollector:
                      c.prefix_cache_bytes)
         yield _gauge("arbor_worker_lanes_busy", "Lanes serving a request", labels, values, self.lanes_busy())
         yield _gauge("arbor_worker_lanes_total", "Lanes", labels, values, self.identity.lanes_total)
+        yield _gauge("arbor_worker_publish_interval_seconds",
+                     "Least time between event batches while steps run (the configured interval, stretched "
+                     "by the publish budget)", labels, values, self.publish_interval_s())
 
 
 def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> GaugeMetricFamily:

@@ -28,6 +28,14 @@ job's first visible output, finals, errors, acks: `Outbox.urgent`), and an owner
 run sends at once. With steps longer than the interval (a real model on a GPU) every step still
 goes out as its own batch.
 
+A publish budget (`publish_budget`) stretches the interval where batches are dear: the owner's
+CPU time per batch (building it, the write, reading the reply) is measured and smoothed, and the
+interval grows to `cost / budget`, up to `MAX_STRETCHED_INTERVAL_S`, so that publishing takes at
+most that share of the owner's time. Where a batch costs tens of microseconds (a host with cheap
+system calls) the configured interval stands. On this project's 2-core VM a batch costs the owner
+~150-300 us with the caches cold after a step; at a 5 ms interval that was ~5% of the tiny model's
+step rate, and the interval is what bought it back (docs/BENCHMARKS.md, session 7).
+
 A job whose events nobody hears (PUBLISH reached no subscriber) for `orphan_timeout_s` is
 reported through `on_orphaned`: its gateway died, and the service cancels it rather than run it to
 `max_tokens` for no one.
@@ -58,13 +66,15 @@ log = logging.getLogger(__name__)
 
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
+MAX_STRETCHED_INTERVAL_S = 0.05  # a budget never spaces batches further apart: streams stay lively
+COST_SMOOTHING = 0.1  # weight of the latest batch in the smoothed cost
 
 
 class Publisher:
     def __init__(self, pool: redis.ConnectionPool, worker_id: str, stream: str, reply_timeout_s: float,
                  on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1,
                  orphan_timeout_s: float = 0.0, on_orphaned: Callable[[str], None] = lambda request_id: None,
-                 publish_interval_s: float = 0.0):
+                 publish_interval_s: float = 0.0, publish_budget: float = 0.0):
         self.pool = pool  # its settings make our connection, which is never borrowed: it stays ours
         self.worker_id = worker_id
         self.stream = stream
@@ -73,6 +83,10 @@ class Publisher:
         self._on_done = on_done
         self.stream_interval = stream_interval  # tokens a job's delta gathers before it is sent
         self.publish_interval_s = publish_interval_s  # least time between batches while steps run
+        self.publish_budget = publish_budget  # share of the owner's time batches may take; 0: no stretching
+        self.interval_s = publish_interval_s  # the interval in force: publish_interval_s, stretched by the budget
+        self._batch_cost_s = 0.0  # the owner's CPU time per batch, smoothed
+        self._cost_so_far_s = 0.0  # spent on the batch in flight
         self.orphan_timeout_s = orphan_timeout_s  # 0: never give a job up for want of a listener
         self._on_orphaned = on_orphaned
         self._unheard_since: dict[str, float] = {}  # request id -> when its events stopped being heard
@@ -96,7 +110,7 @@ class Publisher:
         reply to the batch in flight is taken here if it has come: with steps longer than the
         interval it comes during the next step, and waiting for the `pump` after this question to
         read it would send only every other step."""
-        if time.monotonic() - self._last_sent_at < self.publish_interval_s:
+        if time.monotonic() - self._last_sent_at < self.interval_s:
             return False
         if self._batch is not None and self._sent_at is not None:
             self._guarded(self._take_reply, 0.0)
@@ -140,7 +154,7 @@ class Publisher:
 
     def _time_to_send(self, wait_s: float) -> bool:
         return (wait_s > 0 or self._outbox.urgent
-                or time.monotonic() - self._last_sent_at >= self.publish_interval_s)
+                or time.monotonic() - self._last_sent_at >= self.interval_s)
 
     def flush(self, timeout_s: float) -> bool:
         """Pump until nothing is left or `timeout_s` passes; True if everything was answered."""
@@ -158,21 +172,25 @@ class Publisher:
     def _send(self) -> None:
         assert self._batch is not None
         connection = self._connection or self._connect()
+        started = time.thread_time()  # after connecting: a batch's cost is what every batch pays
         script_keys, args = batch_call(self._batch, self.worker_id)
         # hiredis packs in C; redis-py's own packing costs the owner ~4x as much per step
         command = hiredis.pack_command(("EVALSHA", self._sha, len(script_keys), *script_keys, *args))
         connection.send_packed_command([command], check_health=False)
         self._sent_at = self._last_sent_at = time.monotonic()
+        self._cost_so_far_s += time.thread_time() - started
 
     def _take_reply(self, wait_s: float) -> None:
         assert self._batch is not None and self._sent_at is not None and self._connection is not None
         connection = self._connection
+        started = time.thread_time()
         try:
             if wait_s > 0 and not connection.can_read(timeout=wait_s):
                 raise redis.exceptions.TimeoutError("not yet")
             # Between steps: one non-blocking read, the cheapest look (a partial reply stays buffered)
             results = connection.read_response(timeout=0, disconnect_on_error=False)
         except redis.exceptions.TimeoutError:
+            self._cost_so_far_s += time.thread_time() - started
             if time.monotonic() - self._sent_at > self.reply_timeout_s:
                 raise redis.exceptions.TimeoutError(f"no reply within {self.reply_timeout_s:g}s") from None
             return
@@ -192,6 +210,15 @@ class Publisher:
                 self._unheard(request_id, now)
             else:
                 self._unheard_since.pop(request_id, None)
+        self._count_cost(self._cost_so_far_s + time.thread_time() - started)
+
+    def _count_cost(self, cost_s: float) -> None:
+        """Fold one answered batch's cost into the smoothed cost, and stretch the interval to it."""
+        self._cost_so_far_s = 0.0
+        if not self.publish_budget:
+            return
+        self._batch_cost_s += COST_SMOOTHING * (cost_s - self._batch_cost_s)
+        self.interval_s = stretched_interval(self.publish_interval_s, self._batch_cost_s, self.publish_budget)
 
     def _unheard(self, request_id: str, now: float) -> None:
         """Nobody subscribed heard the job's event: its gateway is gone if that lasts (a gateway
@@ -256,3 +283,10 @@ class Publisher:
             if "BUSYGROUP" not in str(error):
                 raise
 
+
+
+def stretched_interval(interval_s: float, batch_cost_s: float, budget: float) -> float:
+    """The least time between batches for publishing to take at most `budget` of the owner's time
+    at `batch_cost_s` a batch: never below `interval_s`, never above MAX_STRETCHED_INTERVAL_S
+    (unless `interval_s` itself is)."""
+    return max(interval_s, min(batch_cost_s / budget, MAX_STRETCHED_INTERVAL_S))

@@ -84,6 +84,7 @@ class ServiceConfig:
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
     stream_interval: int = 1  # tokens a delta gathers before it is published (first output: at once)
     publish_interval_s: float = 0.005  # least time between event batches while steps run (see Publisher)
+    publish_budget: float = 0.01  # share of the owner's time publishing may take: stretches the interval
     orphan_timeout_s: float = 10.0  # a job no gateway has heard for this long is cancelled; 0: never
 
     @classmethod
@@ -97,7 +98,7 @@ class ServiceConfig:
             drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
             metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
             stream_interval=settings.stream_interval, orphan_timeout_s=settings.orphan_timeout_s,
-            publish_interval_s=settings.publish_interval_ms / 1000,
+            publish_interval_s=settings.publish_interval_ms / 1000, publish_budget=settings.publish_budget,
         )
 
     @property
@@ -119,6 +120,7 @@ class WorkerService:
         self.identity = WorkerIdentity(config.worker_id, config.model_name, config.speculation, config.max_lanes,
                                        config.max_context, time.time())
         self._owner: Owner | None = None
+        self._publisher_in_use: Publisher | None = None  # the owner thread's, once made (read by /metrics)
         self._held: dict[str, JobRef] = {}  # jobs handed to the owner, by request id
         self._cancel_sent: set[str] = set()
         self._draining = False
@@ -153,7 +155,8 @@ class WorkerService:
             return lambda: None
         from worker.metrics import WorkerCollector, serve_metrics, stop_metrics
 
-        collector = WorkerCollector(self.identity, self.counters, lambda: self.capacity.held)
+        collector = WorkerCollector(self.identity, self.counters, lambda: self.capacity.held,
+                                    lambda: self._publisher_in_use.interval_s if self._publisher_in_use else 0.0)
         server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
         return lambda: stop_metrics(server)
 
@@ -162,7 +165,7 @@ class WorkerService:
         self._intake = Intake(self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes,
                               self._hand_over)
         loop = asyncio.get_running_loop()
-        publisher = self._publisher(loop)
+        publisher = self._publisher_in_use = self._publisher(loop)
         owner_ready: asyncio.Future[Owner] = loop.create_future()
         owner_exit: asyncio.Future[None] = loop.create_future()
         thread = threading.Thread(target=self._owner_main, args=(loop, publisher, owner_ready, owner_exit),
@@ -206,7 +209,7 @@ class WorkerService:
                          on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
                          on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref),
                          stream_interval=config.stream_interval, orphan_timeout_s=config.orphan_timeout_s,
-                         publish_interval_s=config.publish_interval_s,
+                         publish_interval_s=config.publish_interval_s, publish_budget=config.publish_budget,
                          on_orphaned=lambda request_id: loop.call_soon_threadsafe(self._orphaned, request_id))
 
     # -- the owner thread -------------------------------------------------------------------

@@ -69,6 +69,8 @@ def _add_owner_parser(commands) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request, EOS ignored")
     parser.add_argument("--publish-interval-ms", type=float, default=5.0,
                         help="the publisher's interval, as ARBOR_PUBLISH_INTERVAL_MS (default 5)")
+    parser.add_argument("--publish-budget", type=float, default=0.01,
+                        help="the publisher's budget, as ARBOR_PUBLISH_BUDGET (default 0.01)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--free-model", action="store_true",
                         help="a decode step that costs nothing: measure each loop's own work")

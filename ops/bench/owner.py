@@ -84,12 +84,13 @@ def _free_decode_step(sequence) -> list[int]:
 
 
 def run_owner_command(args: argparse.Namespace) -> int:
-    if args.requests < 1 or args.max_tokens < 2 or args.publish_interval_ms < 0:
+    if args.requests < 1 or args.max_tokens < 2 or args.publish_interval_ms < 0 or args.publish_budget < 0:
         raise ValueError(f"--requests={args.requests} must be at least 1, --max-tokens={args.max_tokens} at "
-                         f"least 2, --publish-interval-ms={args.publish_interval_ms} at least 0")
+                         f"least 2, --publish-interval-ms={args.publish_interval_ms} and "
+                         f"--publish-budget={args.publish_budget} at least 0")
     folder = results_dir(args.out)
     report = run_owner_bench(args.model, args.requests, args.max_tokens, args.publish_interval_ms / 1000,
-                             args.threads, args.dtype, args.free_model)
+                             args.threads, args.dtype, args.free_model, args.publish_budget)
     write_json(folder / "owner.json", report)
     text = owner_markdown(report)
     (folder / "owner.md").write_text(text)
@@ -99,7 +100,7 @@ def run_owner_command(args: argparse.Namespace) -> int:
 
 
 def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_interval_s: float,
-                    threads: int | None, dtype: str, free_model: bool = False) -> dict:
+                    threads: int | None, dtype: str, free_model: bool = False, publish_budget: float = 0.0) -> dict:
     from ops.bench.decode import encode_prompt  # torch from here on
     from ops.training.prompts import HELD_OUT
     from worker.serving_model import load_serving_model
@@ -110,7 +111,7 @@ def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_i
     for prompt in prompts:  # a one-line error now, not a failed lane later
         served.runner.check_fits(len(prompt), max_tokens)
     with (EmbeddedRedis() as server, _Listener(server.url), _FreeModel(served.runner, free_model),
-          _OwnerLoop(served, server.url, publish_interval_s) as owner):
+          _OwnerLoop(served, server.url, publish_interval_s, publish_budget) as owner):
         contenders: dict[str, Callable] = {"generate": _generate_loop(served), "owner": owner.run_request}
         for run in contenders.values():  # warm-up, not counted
             run(prompts[0], params)
@@ -125,7 +126,7 @@ def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_i
         "benchmark": "owner", "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(),
         "settings": {"model": served.name, "dtype": dtype, "threads": threads or "torch default",
                      "requests": requests, "max_tokens": max_tokens, "free_model": free_model,
-                     "publish_interval_ms": round(publish_interval_s * 1000, 3)},
+                     "publish_interval_ms": round(publish_interval_s * 1000, 3), "publish_budget": publish_budget},
         "contenders": rows, "paired_ratio": median_with_interval(paired),
     }
 
@@ -152,7 +153,8 @@ def owner_markdown(report: dict) -> str:
     return "\n".join([
         f"# arbor bench owner — {report['timestamp']}", "",
         f"Model {settings['model']}, {settings['dtype']}, {settings['max_tokens']} tokens per request (EOS ignored), "
-        f"greedy, torch threads: {settings['threads']}, publish interval {settings['publish_interval_ms']:g} ms; "
+        f"greedy, torch threads: {settings['threads']}, publish interval {settings['publish_interval_ms']:g} ms "
+        f"(budget {settings.get('publish_budget', 0):g}); "
         f"the two loops alternate request by request."
         + (" **Free model**: the decode step costs nothing; what is left is each loop's own work."
            if settings["free_model"] else ""), "",
@@ -204,7 +206,7 @@ class _Listener:
 class _OwnerLoop:
     """The worker's owner thread over the model, publishing to Redis; one request at a time."""
 
-    def __init__(self, served, url: str, publish_interval_s: float):
+    def __init__(self, served, url: str, publish_interval_s: float, publish_budget: float):
         import redis
 
         from worker.model_stepper import ModelStepper
@@ -217,7 +219,7 @@ class _OwnerLoop:
         self._fenced: str | None = None
         publisher = Publisher(redis.ConnectionPool.from_url(url), WORKER_ID, STREAM, reply_timeout_s=5.0,
                               on_lost=self._lost, on_done=lambda ref: self._done.set(),
-                              publish_interval_s=publish_interval_s)
+                              publish_interval_s=publish_interval_s, publish_budget=publish_budget)
         self.capacity = Capacity(max_lanes=1)
         config = OwnerConfig(WORKER_ID, "none", 1, max_kv_bytes=1 << 40, max_prefill_chunk=MAX_PREFILL_CHUNK)
         self.owner = Owner(ModelStepper(served.runner), served.tokenizer, config, self.capacity, publisher)

@@ -262,6 +262,7 @@ def build_report(config: ServingConfig, model_name: str, machine: dict, sweep: l
             "max_lanes_per_worker": WorkerSettings().max_lanes, "prefill_cache": "off",
             "stream_interval": WorkerSettings().stream_interval,  # the workers inherit the environment
             "publish_interval_ms": WorkerSettings().publish_interval_ms,
+            "publish_budget": WorkerSettings().publish_budget,
             "worker_threads": config.worker_threads or "torch default", "compare_requests": config.compare_requests,
         },
         "note": SIDE_BY_SIDE_NOTE, "sweep": sweep, "comparison": comparison, "scaling": scaling,

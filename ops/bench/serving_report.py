@@ -12,7 +12,8 @@ def serving_markdown(report: dict) -> str:
              f"{settings['max_tokens']} tokens per request (EOS ignored), temperature {settings['temperature']}, "
              f"streaming chat clients over HTTP; workers: up to {settings['max_lanes_per_worker']} lanes each, "
              f"stream interval {settings.get('stream_interval', 1)} token(s), "
-             f"publish interval {settings.get('publish_interval_ms', 0):g} ms, "
+             f"publish interval {settings.get('publish_interval_ms', 0):g} ms "
+             f"(budget {settings.get('publish_budget', 0):g} of the owner's time), "
              f"prefill cache off, torch threads: {settings['worker_threads']}; machine: {machine['cpu_count']} cores, "
              f"load average {machine['load_average_1m']} at start. Total errors: {report['total_errors']}.", ""]
     lines += _comparison(report["comparison"])

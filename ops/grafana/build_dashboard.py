@@ -38,6 +38,8 @@ ROWS = [
                                      for p, q in (("50", 0.5), ("90", 0.9), ("99", 0.99))]),
         ("Queue time", "s", [(f"p{p}", Q.format(q=q, name="arbor_request_queue_time_seconds"))
                              for p, q in (("50", 0.5), ("99", 0.99))]),
+        ("Publish interval in force (chunk spacing)", "s",
+         [("{{instance}}", "arbor_worker_publish_interval_seconds")]),
     ]),
     ("Speculation and cache", [
         ("Acceptance length by mode", "short", [("{{speculation}}",

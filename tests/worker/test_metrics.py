@@ -19,7 +19,7 @@ def test_metrics_endpoint_reads_live_counters():
     counters = WorkerCounters(tokens=7, drafts=3, accepted_tokens=4, accepted_by_position=[3, 1], redeliveries=2)
     identity = WorkerIdentity("w1", "tiny", "mtp", lanes_total=4, max_context=512, started_at=0.0)
     port = _free_port()
-    server = serve_metrics(WorkerCollector(identity, counters, lambda: 1), "127.0.0.1", port)
+    server = serve_metrics(WorkerCollector(identity, counters, lambda: 1, lambda: 0.015), "127.0.0.1", port)
     try:
         counters.tokens += 5  # read at scrape time, not copied at start
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
@@ -31,3 +31,4 @@ def test_metrics_endpoint_reads_live_counters():
     assert 'arbor_worker_spec_accepted_by_position_total{model="tiny",position="2",speculation="mtp"} 1.0' in body
     assert 'arbor_worker_redeliveries_total{model="tiny",speculation="mtp"} 2.0' in body
     assert 'arbor_worker_lanes_busy{model="tiny",speculation="mtp"} 1.0' in body
+    assert 'arbor_worker_publish_interval_seconds{model="tiny",speculation="mtp"} 0.015' in body

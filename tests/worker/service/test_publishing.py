@@ -23,7 +23,7 @@ from tests.worker.service.harness import (
     wait_for,
 )
 from tests.worker.service.test_service import reference
-from worker.publisher import Publisher
+from worker.publisher import MAX_STRETCHED_INTERVAL_S, Publisher, stretched_interval
 from worker.redis_io import BATCH_SCRIPT, JobDone, JobRef, Publication, PublishResult, batch_call
 from worker.step_delta import StepDelta
 
@@ -317,6 +317,37 @@ def test_a_publish_interval_spaces_batches_out(redis_server, client) -> None:
     assert [event.seq for event in events] == list(range(seq))
     assert [t for event in events for t in event.token_ids] == list(range(token)), "every token once, in order"
     assert token > 100 and 4 <= len(events) <= 13, f"~11 batches in 0.5 s, not one per step: {len(events)}"
+
+
+def test_a_publish_budget_stretches_the_interval_to_what_batches_cost_up_to_a_cap() -> None:
+    assert stretched_interval(0.005, 0.000_020, 0.01) == 0.005, "cheap batches: the interval stands"
+    assert stretched_interval(0.005, 0.000_150, 0.01) == pytest.approx(0.015), "150 µs a batch, 1%: 15 ms"
+    assert stretched_interval(0.005, 0.010, 0.01) == MAX_STRETCHED_INTERVAL_S, "capped: streams stay lively"
+    assert stretched_interval(0.2, 0.010, 0.01) == 0.2, "a longer interval asked for is kept"
+
+
+def test_a_publisher_over_its_budget_spaces_batches_further_and_loses_nothing(redis_server, client) -> None:
+    """Any batch costs far more than a millionth of the time between batches: the interval
+    stretches to the cap, and a second's 1 ms steps go out in ~20 batches, not ~200."""
+    ref = read_job_a(client)
+    sink = publisher(redis_server.url, Recorder(), publish_interval_s=0.005, publish_budget=1e-6)
+    try:
+        sink.put(delta(ref, 0, 0, first_output=True))
+        seq, token, deadline = 1, 1, time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+            if not sink.put(delta(ref, seq, token)):
+                seq += 1
+            token += 1
+            sink.pump(0.0)
+        assert sink.flush(5)
+        assert sink.interval_s == MAX_STRETCHED_INTERVAL_S
+    finally:
+        sink.close()
+    events = [parse_event(raw) for raw in client.lrange(keys.event_log("a"), 0, -1)]
+    assert [event.seq for event in events] == list(range(seq))
+    assert [t for event in events for t in event.token_ids] == list(range(token)), "every token once, in order"
+    assert token > 200 and len(events) <= 30, f"~20 batches in 1 s at the cap: {len(events)}"
 
 
 def test_with_steps_longer_than_the_interval_every_step_goes_out(redis_server, client) -> None:
