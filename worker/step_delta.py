@@ -66,8 +66,8 @@ class StepDelta:
         step has cooled the caches, validating and dumping the model cost ~1% of the step rate."""
         if self.tool_calls or self.logprobs is not None:
             return encode_event(self.event())
-        # Formatted, not json.dumps'd: the encoder object json builds per call cost ~25 µs a
-        # publish with the caches cold after a step (tiny model)
+        # Formatted, not json.dumps'd: with the caches cold after a model step, the encoder json
+        # builds per call made this ~35 µs a batch; formatted it is ~14 (tiny model, session 7)
         return (f'{{"id":{_string(self.id)},"attempt":{self.attempt},"seq":{self.seq},"type":"delta",'
                 f'"choice":{self.choice},"text":{_string(self.text)},"reasoning":{_string(self.reasoning)},'
                 f'"token_ids":[{",".join(map(str, self.token_ids))}],"tool_calls":[],"logprobs":null}}')
