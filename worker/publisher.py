@@ -284,7 +284,6 @@ class Publisher:
                 raise
 
 
-
 def stretched_interval(interval_s: float, batch_cost_s: float, budget: float) -> float:
     """The least time between batches for publishing to take at most `budget` of the owner's time
     at `batch_cost_s` a batch: never below `interval_s`, never above MAX_STRETCHED_INTERVAL_S
