@@ -287,5 +287,7 @@ class Publisher:
 def stretched_interval(interval_s: float, batch_cost_s: float, budget: float) -> float:
     """The least time between batches for publishing to take at most `budget` of the owner's time
     at `batch_cost_s` a batch: never below `interval_s`, never above MAX_STRETCHED_INTERVAL_S
-    (unless `interval_s` itself is)."""
+    (unless `interval_s` itself is). An interval of 0 asks for every step and is kept."""
+    if interval_s == 0:
+        return 0.0
     return max(interval_s, min(batch_cost_s / budget, MAX_STRETCHED_INTERVAL_S))

@@ -324,6 +324,7 @@ def test_a_publish_budget_stretches_the_interval_to_what_batches_cost_up_to_a_ca
     assert stretched_interval(0.005, 0.000_150, 0.01) == pytest.approx(0.015), "150 µs a batch, 1%: 15 ms"
     assert stretched_interval(0.005, 0.010, 0.01) == MAX_STRETCHED_INTERVAL_S, "capped: streams stay lively"
     assert stretched_interval(0.2, 0.010, 0.01) == 0.2, "a longer interval asked for is kept"
+    assert stretched_interval(0.0, 0.010, 0.01) == 0.0, "0 asks for every step: kept"
 
 
 def test_a_publisher_over_its_budget_spaces_batches_further_and_loses_nothing(redis_server, client) -> None:
