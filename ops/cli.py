@@ -56,8 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # the CLI boundary: one line, not a traceback
         if not _is_user_error(error):
             raise
-        print(f"arbor: error: {error}", file=sys.stderr)
+        print(f"arbor: error: {_one_line(error)}", file=sys.stderr)
         return 2
+
+
+def _one_line(error: Exception) -> str:
+    """pydantic's settings errors span lines (field, message, a link): say each in a clause."""
+    from pydantic import ValidationError
+
+    if not isinstance(error, ValidationError):
+        return str(error)
+    return f"invalid {error.title}: " + "; ".join(
+        f"{'.'.join(str(part) for part in detail['loc'])}={detail['input']!r}: {detail['msg']}"
+        for detail in error.errors())
 
 
 def _is_user_error(error: Exception) -> bool:

@@ -84,10 +84,12 @@ def _free_decode_step(sequence) -> list[int]:
 
 
 def run_owner_command(args: argparse.Namespace) -> int:
-    if args.requests < 1 or args.max_tokens < 2 or args.publish_interval_ms < 0 or args.publish_budget < 0:
-        raise ValueError(f"--requests={args.requests} must be at least 1, --max-tokens={args.max_tokens} at "
-                         f"least 2, --publish-interval-ms={args.publish_interval_ms} and "
-                         f"--publish-budget={args.publish_budget} at least 0")
+    wrong = [f"--{flag}={value} must be at least {least}" for flag, value, least in (
+        ("requests", args.requests, 1), ("max-tokens", args.max_tokens, 2),
+        ("publish-interval-ms", args.publish_interval_ms, 0), ("publish-budget", args.publish_budget, 0))
+        if value < least]
+    if wrong:
+        raise ValueError("; ".join(wrong))
     folder = results_dir(args.out)
     report = run_owner_bench(args.model, args.requests, args.max_tokens, args.publish_interval_ms / 1000,
                              args.threads, args.dtype, args.free_model, args.publish_budget)

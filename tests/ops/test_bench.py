@@ -144,8 +144,9 @@ def test_the_free_model_emits_the_prompt_again_until_max_tokens_then_gives_the_r
 
 
 @pytest.mark.parametrize("argv", [["--requests", "0"], ["--max-tokens", "1"], ["--publish-interval-ms", "-1"],
-                                  ["--max-tokens", "100000"]])
+                                  ["--publish-budget", "-1"], ["--max-tokens", "100000"]])
 def test_bench_owner_refuses_bad_settings_in_one_line(tiny_model, argv, capsys):
     assert main(["bench", "owner", "--model", str(tiny_model), *argv]) != 0
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and (argv[0] in error or "max_tokens=100000" in error)
+    assert error.count("must be") <= 1, "only what is wrong is named"

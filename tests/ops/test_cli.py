@@ -23,3 +23,11 @@ def test_unknown_speculation_mode_is_refused():
     result = subprocess.run([sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--speculation", "magic"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "magic" in result.stderr
+
+
+def test_a_setting_out_of_range_is_one_line_naming_it():
+    result = subprocess.run([sys.executable, "-m", "ops.cli", "worker", "--publish-budget", "2",
+                             "--publish-interval-ms", "-3"], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "publish_budget=2.0" in result.stderr and "publish_interval_ms=-3.0" in result.stderr
