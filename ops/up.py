@@ -37,6 +37,7 @@ def add_up_parser(subparsers) -> None:
 def run_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers={args.workers} must be at least 1")
+    _check_settings(args)
     redis_url = os.environ.get("REDIS_URL")
     embedded = None if redis_url else EmbeddedRedis().start()
     env = dict(os.environ, REDIS_URL=redis_url or embedded.url, ARBOR_HOST=args.host, ARBOR_PORT=str(args.port))
@@ -67,6 +68,16 @@ def run_up(args: argparse.Namespace) -> int:
         stop_all(children)
         if embedded is not None:
             embedded.stop()
+
+
+def _check_settings(args: argparse.Namespace) -> None:
+    """Read the settings the children will read, so that a bad one is this command's one-line
+    error before anything starts, not a child's exit during start-up."""
+    from shared.settings import GatewaySettings, WorkerSettings
+
+    GatewaySettings(host=args.host, port=args.port)
+    WorkerSettings(**{flag: getattr(args, flag) for flag in ("model", "speculation", "draft")
+                      if getattr(args, flag) is not None})
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:

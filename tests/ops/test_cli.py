@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -31,3 +32,12 @@ def test_a_setting_out_of_range_is_one_line_naming_it():
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "publish_budget=2.0" in result.stderr and "publish_interval_ms=-3.0" in result.stderr
+
+
+def test_arbor_up_with_a_bad_setting_says_so_in_one_line_before_starting_anything():
+    env = dict(os.environ, ARBOR_PUBLISH_BUDGET="5")
+    result = subprocess.run([sys.executable, "-m", "ops.cli", "up", "--port", "8799"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "publish_budget='5'" in result.stderr, "arbor up's own error, not a child's exit during start-up"
