@@ -61,14 +61,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(error: Exception) -> str:
-    """pydantic's settings errors span lines (field, message, a link): say each in a clause."""
+    """pydantic's settings errors span lines (field, message, a link): say each in a clause. The
+    values themselves are never shown: settings hold API keys and Redis passwords, and a check
+    across fields would name them all."""
     from pydantic import ValidationError
 
     if not isinstance(error, ValidationError):
         return str(error)
     return f"invalid {error.title}: " + "; ".join(
-        f"{'.'.join(str(part) for part in detail['loc'])}={detail['input']!r}: {detail['msg']}"
-        for detail in error.errors())
+        f"{'.'.join(str(part) for part in detail['loc']) or 'settings'}: {detail['msg']}" for detail in error.errors())
 
 
 def _is_user_error(error: Exception) -> bool:

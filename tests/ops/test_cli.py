@@ -31,7 +31,8 @@ def test_a_setting_out_of_range_is_one_line_naming_it():
                              "--publish-interval-ms", "-3"], capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
-    assert "publish_budget=2.0" in result.stderr and "publish_interval_ms=-3.0" in result.stderr
+    assert "publish_budget: Input should be less than or equal to 1" in result.stderr
+    assert "publish_interval_ms: Input should be greater than or equal to 0" in result.stderr
 
 
 def test_arbor_up_with_a_bad_setting_says_so_in_one_line_before_starting_anything():
@@ -40,4 +41,4 @@ def test_arbor_up_with_a_bad_setting_says_so_in_one_line_before_starting_anythin
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
-    assert "publish_budget='5'" in result.stderr, "arbor up's own error, not a child's exit during start-up"
+    assert "publish_budget:" in result.stderr, "arbor up's own error, not a child's exit during start-up"
