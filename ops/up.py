@@ -76,17 +76,19 @@ def _check_settings(args: argparse.Namespace) -> None:
     from shared.settings import GatewaySettings, WorkerSettings
 
     GatewaySettings(host=args.host, port=args.port)
-    WorkerSettings(**{flag: getattr(args, flag) for flag in ("model", "speculation", "draft")
-                      if getattr(args, flag) is not None})
+    WorkerSettings(**_worker_flags(args))
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
     argv = ["worker"]
-    for flag in ("model", "speculation", "draft"):
-        value = getattr(args, flag)
-        if value is not None:
-            argv += [f"--{flag}", str(value)]
+    for flag, value in _worker_flags(args).items():
+        argv += [f"--{flag}", str(value)]
     return argv
+
+
+def _worker_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The flags `arbor up` passes on to each worker, where given."""
+    return {flag: getattr(args, flag) for flag in ("model", "speculation", "draft") if getattr(args, flag) is not None}
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:

@@ -441,4 +441,3 @@ def _resolve(future: asyncio.Future, value: object) -> None:
 def _fail_future(future: asyncio.Future, error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
-
