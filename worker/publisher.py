@@ -31,11 +31,12 @@ goes out as its own batch.
 A publish budget (`publish_budget`) stretches the interval where batches are dear: the owner's
 CPU time per batch (building it, the write, reading the reply) is measured and smoothed, and the
 interval grows to `cost / budget`, up to `MAX_STRETCHED_INTERVAL_S`, so that publishing takes at
-most that share of the owner's time. Where a batch costs tens of microseconds (a host with cheap
-system calls) the configured interval stands. On this project's 2-core VM a batch costs the owner
-~180-210 us to send and answer (timed with probes), with the caches cold after a step: at the
-5 ms interval, a batch every ~2.6 steps of the tiny model, ~4% of the owner's time
-(docs/BENCHMARKS.md, session 7).
+most that share of the owner's time. The owner's cost stands for the whole batch's, which is ~5x
+as much downstream (hence the small default, `shared.settings.DEFAULT_PUBLISH_BUDGET`). Where a
+batch costs the owner ~10 microseconds (a host with cheap system calls) the configured interval
+stands. On this project's 2-core VM a batch costs the owner ~180-210 us to send and answer (timed
+with probes), with the caches cold after a step: at the 5 ms interval, a batch every ~2.6 steps of
+the tiny model, ~4% of the owner's time (docs/BENCHMARKS.md, session 7).
 
 A job whose events nobody hears (PUBLISH reached no subscriber) for `orphan_timeout_s` is
 reported through `on_orphaned`: its gateway died, and the service cancels it rather than run it to

@@ -38,7 +38,7 @@ from shared import keys
 from shared.heap import freeze_startup_heap
 from shared.protocol import parse_control
 from shared.sampling import SamplingParams
-from shared.settings import WorkerSettings
+from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
 from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
 from worker.intake import Intake
@@ -84,7 +84,7 @@ class ServiceConfig:
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
     stream_interval: int = 1  # tokens a delta gathers before it is published (first output: at once)
     publish_interval_s: float = 0.005  # least time between event batches while steps run (see Publisher)
-    publish_budget: float = 0.01  # share of the owner's time publishing may take: stretches the interval
+    publish_budget: float = DEFAULT_PUBLISH_BUDGET  # share of the owner's time publishing may take: stretches the interval
     orphan_timeout_s: float = 10.0  # a job no gateway has heard for this long is cancelled; 0: never
 
     @classmethod

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
-from shared.settings import Speculation
+from shared.settings import DEFAULT_PUBLISH_BUDGET, Speculation
 
 SPECULATION_MODES = get_args(Speculation)
 
@@ -69,8 +69,8 @@ def _add_owner_parser(commands) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request, EOS ignored")
     parser.add_argument("--publish-interval-ms", type=float, default=5.0,
                         help="the publisher's interval, as ARBOR_PUBLISH_INTERVAL_MS (default 5)")
-    parser.add_argument("--publish-budget", type=float, default=0.01,
-                        help="the publisher's budget, as ARBOR_PUBLISH_BUDGET (default 0.01)")
+    parser.add_argument("--publish-budget", type=float, default=DEFAULT_PUBLISH_BUDGET,
+                        help=f"the publisher's budget, as ARBOR_PUBLISH_BUDGET (default {DEFAULT_PUBLISH_BUDGET:g})")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--free-model", action="store_true",
                         help="a decode step that costs nothing: measure each loop's own work")
