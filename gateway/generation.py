@@ -5,6 +5,9 @@
             ...                              # choice has its final
                                              # exit: unless finished, cancel the job; UNSUBSCRIBE
 
+The routes enter it before the HTTP response starts and exit it when the response ends (so it
+outlives the handler); exiting twice is harmless.
+
 `batches()` hands out every event that has already arrived at once, so a stream that fell behind
 the worker (a slow client, a busy gateway) catches up with one write for several chunks; one that
 keeps up gets each event as it arrives.

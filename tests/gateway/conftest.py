@@ -13,6 +13,7 @@ import openai
 import pytest
 import redis
 import uvicorn
+from starlette.types import ASGIApp
 
 from gateway.app import create_app
 from shared.settings import GatewaySettings
@@ -39,12 +40,12 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 class GatewayServer:
     """The real app on uvicorn, on a loopback port, in a thread."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, wrap_app: Callable[[ASGIApp], ASGIApp] = lambda app: app) -> None:
         self.settings = settings
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+        config = uvicorn.Config(wrap_app(create_app(settings)), log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
@@ -84,13 +85,13 @@ def make_gateway(
 ) -> Iterator[Callable[..., GatewayServer]]:
     started: list[GatewayServer] = []
 
-    def make(**overrides: Any) -> GatewayServer:
+    def make(wrap_app: Callable[[ASGIApp], ASGIApp] = lambda app: app, **overrides: Any) -> GatewayServer:
         options: dict[str, Any] = {
             "redis_url": redis_server.url,
             "event_poll_s": 0.2,
             "request_timeout_s": 10.0,
         }
-        server = GatewayServer(GatewaySettings(**(options | overrides))).start()
+        server = GatewayServer(GatewaySettings(**(options | overrides)), wrap_app).start()
         started.append(server)
         return server
 

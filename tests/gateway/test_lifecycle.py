@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared import keys
 from shared.protocol import Job, parse_control
@@ -68,6 +69,37 @@ def test_disconnect_while_waiting_non_streaming_cancels_the_job(
     [job] = peer.jobs
     assert _cancels(control) == [job.id]
     assert redis_client.exists(keys.cancel_key(job.id))
+    _wait_for(lambda: peer.cancelled == [job.id])
+
+
+def _headers_fail(app: ASGIApp) -> ASGIApp:
+    """The app behind a connection that breaks as the response's headers go out."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_or_fail(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                raise OSError("connection reset")
+            await send(message)
+
+        await app(scope, receive, send_or_fail if scope["type"] == "http" else send)
+
+    return wrapped
+
+
+def test_a_stream_that_cannot_send_its_headers_cancels_its_job(
+    make_gateway, make_peer, redis_client: redis.Redis, control
+) -> None:
+    """The job is enqueued before the response starts, so a response that never sends a byte (and
+    never starts its body) must still cancel it and let go of its subscription."""
+    gateway = make_gateway(wrap_app=_headers_fail)
+    peer = make_peer(script=_first_then_wait)
+
+    with pytest.raises(httpx.HTTPError):  # the broken connection: uvicorn drops it, or answers 500
+        gateway.http().post("/v1/chat/completions", json=CHAT | {"stream": True}).raise_for_status()
+
+    _wait_for(lambda: len(peer.jobs) == 1)
+    [job] = peer.jobs
+    assert _cancels(control) == [job.id]
     _wait_for(lambda: peer.cancelled == [job.id])
 
 
