@@ -51,13 +51,15 @@ def _comparison(comparison: dict | None) -> list[str]:
 
 
 def _paired(comparison: dict) -> list[str]:
-    paired = comparison.get("paired_decode_ratio")
-    if not paired:
-        return []
-    low, high = paired["ci95"]
-    return [f"After the first text, request by request (each gateway request over the in-process one run next "
-            f"to it): median ratio {paired['median']:.3f}, 95% interval of the median {low:.3f}-{high:.3f} "
-            f"({paired['pairs']} pairs).", ""]
+    lines = []
+    for key, what in (("paired_ratio", "Over end-to-end time"), ("paired_decode_ratio", "After the first text")):
+        paired = comparison.get(key)
+        if paired:
+            low, high = paired["ci95"]
+            lines += [f"{what}, request by request (each gateway request over the in-process one run next to it): "
+                      f"median ratio {paired['median']:.3f}, 95% interval of the median {low:.3f}-{high:.3f} "
+                      f"({paired['pairs']} pairs).", ""]
+    return lines
 
 
 def _scaling(rows: list[dict], speedup: dict) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from ops.bench.client import RequestRecord, latency_ms
 from ops.bench.results import percentile
-from ops.bench.serving import paired_decode_ratio
+from ops.bench.serving import paired_ratio
 from ops.cli import main
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
@@ -36,10 +36,13 @@ def test_the_paired_ratio_compares_neighbours_and_ignores_failed_pairs():
     # machine slows 3x halfway: pooled rates would mix the two halves, the pairs do not.
     gateway = [record(0.1, 1.1)] * 5 + [record(0.3, 3.3)] * 5 + [record(0.1, 0.5, ok=False)]
     local = [record(0.05, 0.95)] * 5 + [record(0.15, 2.85)] * 5 + [record(0.05, 0.95)]
-    paired = paired_decode_ratio(gateway, local)
+    paired = paired_ratio(gateway, local, "tpot_s")
     assert paired["pairs"] == 10
     assert paired["median"] == pytest.approx(0.9) and paired["ci95"] == pytest.approx([0.9, 0.9])
-    assert paired_decode_ratio([record(0.1, 0.5, ok=False)], [record(0.1, 0.5)]) is None
+    assert paired_ratio([record(0.1, 0.5, ok=False)], [record(0.1, 0.5)], "tpot_s") is None
+    # Over end-to-end time (TTFT included) each pair is 0.95/1.1 and 2.85/3.3: 0.8636 either way.
+    end_to_end = paired_ratio(gateway, local, "e2e_s")
+    assert end_to_end["pairs"] == 10 and end_to_end["median"] == pytest.approx(0.8636, abs=1e-4)
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -99,8 +102,10 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
     comparison = report["comparison"]
     assert comparison["gateway"]["ok"] == comparison["in_process"]["ok"] == 1
     assert comparison["tokens_per_s_ratio"] > 0 and comparison["added_ttft_p50_ms"] is not None
-    paired = comparison["paired_decode_ratio"]
-    assert paired["pairs"] == 1 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
+    for key in ("paired_ratio", "paired_decode_ratio"):
+        paired = comparison[key]
+        assert paired["pairs"] == 1 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
+    assert "Over end-to-end time, request by request" in (tmp_path / "serving.md").read_text()
     assert report["scaling"] == []  # one worker count: nothing to scale against
     assert "| 2 | 2 | 0 |" in (tmp_path / "serving.md").read_text()
 
