@@ -1,19 +1,22 @@
 """One accepted request, from XADD to its last event, with an owner for every loose end.
 
-    async with Generation(...) as gen:       # SUBSCRIBE (confirmed), then XADD
+    gen = Generation(...)
+    await gen.open()                         # SUBSCRIBE (confirmed), then XADD
+    try:
         async for event in gen.events():     # deltas and finals in seq order, until every
             ...                              # choice has its final
-                                             # exit: unless finished, cancel the job; UNSUBSCRIBE
+    finally:
+        await gen.close()                    # unless finished, cancel the job; UNSUBSCRIBE
 
-The routes enter it before the HTTP response starts and exit it when the response ends (so it
-outlives the handler); exiting twice is harmless.
+The routes open it before the HTTP response starts and close it when the response ends, so it
+outlives the handler.
 
 `batches()` hands out every event that has already arrived at once, so a stream that fell behind
 the worker (a slow client, a busy gateway) catches up with one write for several chunks; one that
 keeps up gets each event as it arrives.
 
 Failures surface as `GenerationFailed` carrying the ApiError to send; a client that goes away
-surfaces as `ClientGone`. Either way the job is cancelled on exit.
+surfaces as `ClientGone`. Either way `close()` cancels the job.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ class Generation:
         self.outcome = Outcome(num_choices)
         self.finished = False
 
-    async def __aenter__(self) -> Generation:
+    async def open(self) -> None:
+        """Subscribe, then enqueue. Raises GenerationFailed or delivery.ClientGone, having closed
+        whatever it opened."""
         try:
             await self._open()
         except BaseException as exc:
@@ -76,10 +81,10 @@ class Generation:
             if isinstance(exc, _REDIS_FAILURES):
                 raise self._failed(errors.redis_unavailable(exc)) from exc
             raise
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._stack.__aexit__(*exc_info)
+    async def close(self) -> None:
+        """Unless finished, cancel the job; unsubscribe. A second call does nothing."""
+        await self._stack.aclose()
 
     async def _open(self) -> None:
         svc = self._svc
@@ -137,7 +142,7 @@ class Generation:
         return isinstance(event, DeltaEvent | FinalEvent) and 0 <= event.choice < self._num_choices
 
     async def _next_event(self) -> DeltaEvent | FinalEvent:
-        assert self._reader is not None, "events() outside `async with`"
+        assert self._reader is not None, "events() before open()"
         try:
             event = await self._reader.next_event()
         except DeadlineExceeded:
@@ -155,7 +160,7 @@ class Generation:
         return event
 
     def _ready(self) -> DeltaEvent | FinalEvent | ErrorEvent | None:
-        assert self._reader is not None, "events() outside `async with`"
+        assert self._reader is not None, "events() before open()"
         try:
             return self._reader.ready()
         except ProtocolViolation as exc:

@@ -64,7 +64,7 @@ async def _generate(request: Request, kind: JobKind) -> Response:
     fmt = _format(req, job.id, int(job.created))
     gen = Generation(svc, job, req.n, disconnect_watch(request.scope), arrived)
     try:
-        await gen.__aenter__()  # subscribed, then enqueued; closed by whichever reply follows
+        await gen.open()  # subscribed, then enqueued; closed by whichever reply follows
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     except GenerationFailed as exc:
@@ -130,7 +130,7 @@ class GenerationStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._gen.__aexit__(None, None, None)
+            await self._gen.close()
 
 
 async def _stream(gen: Generation, fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
@@ -160,5 +160,5 @@ async def _whole(gen: Generation, fmt: Format) -> Response:
     except GenerationFailed as exc:
         return exc.error.response()
     finally:
-        await gen.__aexit__(None, None, None)
+        await gen.close()
     return JSONResponse(dump(fmt.body(gen.outcome)))
