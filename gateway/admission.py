@@ -5,15 +5,21 @@
     workers for it, none ready         -> 503 no_ready_worker
     waiting + pending >= max_queue     -> 429 queue_full, with Retry-After
 
-Everything is read in one script call, because admission is on every request's way to its first
-token: the fleet's heartbeats and the stream's length. Waiting + pending is the stream's length:
-workers XACK *and* XDEL a finished job in one script (see `shared.queue_stats`).
-
-The queue limit is soft under concurrency (two requests may both see room); it is a load guard,
-not an invariant, and unread jobs are never trimmed to enforce it.
+Admission is on every request's way to its first token, so it costs no Redis round trip of its own
+in the common case:
+- the fleet (heartbeats) is read in one script call, and a read that found a ready worker for a
+  model is trusted for FLEET_FRESH_S: heartbeats themselves only change every second and a dead
+  worker's lasts its TTL (seconds), so this adds little staleness. A refusal is never remembered:
+  the next request reads again, so a worker that just became ready is seen at once;
+- the queue limit is checked by the enqueue script itself, in the same step as the XADD
+  (`gateway.jobs.enqueue`), so it holds exactly under any concurrency. Unread jobs are never
+  trimmed to enforce it.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 
@@ -22,33 +28,40 @@ from shared import keys
 from shared.heartbeat import Heartbeat
 from shared.live_workers import parse_heartbeat
 
-# KEYS: the workers set, the model's request stream.  ARGV: the heartbeat key prefix.
-# Returns {{worker id, heartbeat as a flat HGETALL list, ...}, stream length}.
+FLEET_FRESH_S = 0.5  # how long a fleet read that found a ready worker for a model is trusted
+
+# KEYS: the workers set.  ARGV: the heartbeat key prefix.
+# Returns {worker id, heartbeat as a flat HGETALL list, ...}.
 _READ = """
 local fleet = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   fleet[#fleet + 1] = id
   fleet[#fleet + 1] = redis.call('HGETALL', ARGV[1] .. id)
 end
-return {fleet, redis.call('XLEN', KEYS[2])}
+return fleet
 """
 
 
 class Admission:
-    def __init__(self, redis: Redis, max_queue: int, retry_after_s: int) -> None:
+    def __init__(self, redis: Redis, clock: Callable[[], float] = time.monotonic) -> None:
         self._read = redis.register_script(_READ)
-        self.max_queue = max_queue
-        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._servable_at: dict[str, float] = {}  # model -> when a read last found a ready worker for it
 
     async def admit(self, model: str) -> None:
-        """Raises ApiError when the request must be refused. Callers bound it with a timeout."""
-        fleet, depth = await self._read(keys=[keys.WORKERS_SET, keys.request_stream(model)],
-                                        args=[keys.worker_heartbeat("")])
+        """Raises ApiError when no worker can serve `model`. Callers bound it with a timeout."""
+        found_at = self._servable_at.get(model)
+        if found_at is not None and self._clock() - found_at < FLEET_FRESH_S:
+            return
+        fleet = await self._read(keys=[keys.WORKERS_SET], args=[keys.worker_heartbeat("")])
         rows = dict(zip(fleet[::2], map(_pairs, fleet[1::2]), strict=True))
         workers = [beat for worker_id in sorted(rows) if (beat := parse_heartbeat(worker_id, rows[worker_id]))]
-        check_workers(workers, model)
-        if int(depth) >= self.max_queue:
-            raise errors.queue_full(model, int(depth), self.retry_after_s)
+        try:
+            check_workers(workers, model)
+        except errors.ApiError:
+            self._servable_at.pop(model, None)
+            raise
+        self._servable_at[model] = self._clock()
 
 
 def check_workers(workers: list[Heartbeat], model: str) -> None:

@@ -59,7 +59,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         await hub.start()
         limits = Limits(max_tokens=settings.max_tokens_cap, max_n=settings.max_n)
         try:
-            admission = Admission(redis, settings.max_queue, settings.retry_after_s)
+            admission = Admission(redis)
             yield {"services": Services(settings, redis, hub, gateway_metrics, limits, admission)}
         finally:
             await hub.stop()

@@ -70,6 +70,7 @@ class Generation:
         self._last_delta_at: float | None = None
         self.outcome = Outcome(num_choices)
         self.finished = False
+        self._refused = False  # the queue was full: the job was never queued
 
     async def open(self) -> None:
         """Subscribe, then enqueue. Raises GenerationFailed or delivery.ClientGone, having closed
@@ -95,8 +96,12 @@ class Generation:
         if self._watch.disconnected:
             raise ClientGone  # nobody to answer: do not queue work
         self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
-        async with asyncio.timeout(svc.settings.redis_timeout_s):
-            entry_id = await jobs.enqueue(svc.redis, self.job)
+        try:
+            async with asyncio.timeout(svc.settings.redis_timeout_s):
+                entry_id = await jobs.enqueue(svc.redis, self.job, svc.settings.max_queue)
+        except jobs.QueueFull as full:
+            self._refused = True  # never queued: nothing to cancel
+            raise GenerationFailed(errors.queue_full(self.job.model, full.length, svc.settings.retry_after_s)) from None
         self._reader = EventReader(
             svc.redis,
             self.job.id,
@@ -192,7 +197,7 @@ class Generation:
         metrics.generation_tokens.inc(usage.completion_tokens)
 
     async def _cancel_unless_finished(self) -> None:
-        if self.finished:
+        if self.finished or self._refused:
             return
         # Shielded: this runs while the stream is being cancelled because the client left.
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._svc.settings.redis_timeout_s):

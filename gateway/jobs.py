@@ -15,15 +15,26 @@ from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl"}
 MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
 
-# KEYS: the model's stream, the request's enqueued marker.  ARGV: the marker's ttl, then the job's
-# field/value pairs.  Returns the entry id: the new one, or the first one if the job is already in.
+# KEYS: the model's stream, the request's enqueued marker.  ARGV: the marker's ttl, the queue
+# limit, then the job's field/value pairs.  Returns the entry id (the new one, or the first one if
+# the job is already in), or {length} when the stream already holds the limit.
 _ENQUEUE = """
 local existing = redis.call('GET', KEYS[2])
 if existing then return existing end
-local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+local length = redis.call('XLEN', KEYS[1])
+if length >= tonumber(ARGV[2]) then return {length} end
+local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 redis.call('SET', KEYS[2], entry, 'EX', ARGV[1])
 return entry
 """
+
+
+class QueueFull(Exception):
+    """The model's stream holds `max_queue` jobs (waiting or running) already."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"{length} jobs queued")
+        self.length = length
 
 
 def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, timeout_s: float,
@@ -45,8 +56,13 @@ def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, time
     )
 
 
-async def enqueue(redis: Redis, job: Job) -> str:
-    """XADD without MAXLEN (a queued job is never trimmed), at most once per request; returns the entry id.
+async def enqueue(redis: Redis, job: Job, max_queue: int) -> str:
+    """XADD without MAXLEN (a queued job is never trimmed), at most once per request, unless the
+    stream already holds `max_queue` entries (raises QueueFull); returns the entry id.
+
+    The limit is checked in the same script as the XADD, so it holds under any concurrency: waiting
+    + pending is the stream's length, since workers XACK *and* XDEL a finished job in one script
+    (see `shared.queue_stats`).
 
     At most once because a client with retries on (redis-py's `Retry`; the gateway's pool has none
     today) resends a command whose reply was lost, to a connection reset or a socket timeout while
@@ -56,8 +72,11 @@ async def enqueue(redis: Redis, job: Job) -> str:
     """
     ttl_s = max(math.ceil(job.deadline - time.time()), 0) + MARKER_MARGIN_S
     fields = [part for name, value in job.to_fields().items() for part in (name, value)]
-    return await redis.register_script(_ENQUEUE)(keys=[keys.request_stream(job.model), keys.enqueued_marker(job.id)],
-                                                  args=[ttl_s, *fields])
+    reply = await redis.register_script(_ENQUEUE)(keys=[keys.request_stream(job.model), keys.enqueued_marker(job.id)],
+                                                  args=[ttl_s, max_queue, *fields])
+    if isinstance(reply, list):
+        raise QueueFull(int(reply[0]))
+    return reply
 
 
 async def cancel(redis: Redis, request_id: str) -> None:

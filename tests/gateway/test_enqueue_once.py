@@ -88,7 +88,7 @@ def tcp_redis() -> Iterator[RedisServer]:
 def test_a_retried_enqueue_queues_the_job_once(tcp_redis):
     job = _job()
     _, entry_id = asyncio.run(_queue_through_proxy(tcp_redis.port, keys.enqueued_marker(job.id).encode(),
-                                                   lambda client: enqueue(client, job)))
+                                                   lambda client: enqueue(client, job, max_queue=10)))
     plain = redis.Redis.from_url(tcp_redis.url, decode_responses=True)
     entries = plain.xrange(keys.request_stream(MODEL))
     assert [entry for entry, _ in entries] == [entry_id], "one entry, and the id the gateway was told"
