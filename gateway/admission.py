@@ -56,11 +56,7 @@ class Admission:
         fleet = await self._read(keys=[keys.WORKERS_SET], args=[keys.worker_heartbeat("")])
         rows = dict(zip(fleet[::2], map(_pairs, fleet[1::2]), strict=True))
         workers = [beat for worker_id in sorted(rows) if (beat := parse_heartbeat(worker_id, rows[worker_id]))]
-        try:
-            check_workers(workers, model)
-        except errors.ApiError:
-            self._servable_at.pop(model, None)
-            raise
+        check_workers(workers, model)  # a refusal raises, and leaves nothing trusted
         self._servable_at[model] = self._clock()
 
 
