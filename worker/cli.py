@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import get_args
 
 from shared.sampling import SamplingParams
-from shared.settings import Speculation
+from shared.settings import DEFAULT_PUBLISH_BUDGET, Speculation
 
 # torch-free, so that `arbor gateway` builds this parser in an image without torch
 SPECULATION_MODES = get_args(Speculation)
@@ -98,7 +98,8 @@ def add_worker_parser(subparsers) -> None:
                              "(ARBOR_PUBLISH_INTERVAL_MS, default 5)")
     parser.add_argument("--publish-budget", type=float, default=None,
                         help="share of the owner thread publishing may take; dearer batches stretch the "
-                             "interval, up to 50 ms; 0 never stretches it (ARBOR_PUBLISH_BUDGET, default 0.01)")
+                             "interval, up to 50 ms; 0 never stretches it "
+                             f"(ARBOR_PUBLISH_BUDGET, default {DEFAULT_PUBLISH_BUDGET:g})")
     parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
     parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
     parser.set_defaults(handler=run_worker)
