@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.openai_messages import Message, Tool, ToolChoice
-from shared.sampling import SamplingParams
+from shared.sampling import LOGIT_BIAS_LIMIT, SamplingParams
 
 REASONING_EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when a request omits temperature
@@ -118,9 +118,14 @@ class _GenerationRequest(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise UnsupportedField("logit_bias", "is not supported")
+    def _token_ids_and_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        """OpenAI's form: token ids as the JSON object's keys, biases in [-100, 100]. Whether an
+        id is inside the vocabulary only the worker knows (it rejects the job if not)."""
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"key {key[:40]!r} is not a token id (a non-negative integer)")
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"bias {bias} for token {key} is outside [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
         return value
 
     @model_validator(mode="after")
@@ -241,6 +246,7 @@ def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) ->
         stop=_as_list(req.stop),
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
+        logit_bias={int(token_id): bias for token_id, bias in (req.logit_bias or {}).items()},
     )
 
 

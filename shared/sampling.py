@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's: -100 all but bans a token, +100 all but forces it
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -19,6 +21,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, OpenAI's range
 
     @property
     def greedy(self) -> bool:
@@ -33,6 +36,10 @@ class SamplingParams:
         _check(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty, "must be > 0")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty, "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
+        for token_id, bias in self.logit_bias.items():
+            _check(token_id >= 0, "logit_bias", token_id, "is not a token id")
+            _check(-LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT, f"logit_bias[{token_id}]", bias,
+                   f"must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:

@@ -96,6 +96,9 @@ def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: 
         runner.check_fits(len(prompt_ids), params.max_tokens)
     except ContextLengthError as error:
         raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
+    if params.logit_bias and max(params.logit_bias) >= runner.vocab_size:
+        raise JobRejected(f"logit_bias: token id {max(params.logit_bias)} is outside this model's vocabulary "
+                          f"of {runner.vocab_size} tokens", ErrorCode.INVALID_REQUEST)
     return JobSpec(job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params,
                    request.n, output_options(request, served, prompt_ids, params), resume)
 

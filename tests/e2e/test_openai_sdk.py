@@ -202,3 +202,16 @@ def test_n_returns_independent_choices(client: openai.OpenAI) -> None:
     finishes = {choice.index: choice.finish_reason for chunk in chunks for choice in chunk.choices
                 if choice.finish_reason}
     assert set(finishes) == {0, 1}
+
+
+def test_logit_bias_steers_greedy_decoding(client: openai.OpenAI) -> None:
+    def tokens(**kwargs) -> list[str]:
+        response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=8, temperature=0,
+                                                  logprobs=True, **kwargs)
+        return [entry.token for entry in response.choices[0].logprobs.content]
+
+    assert len(set(tokens())) > 1, "the unbiased greedy text repeats one token: the check below would prove nothing"
+    assert len(set(tokens(logit_bias={"100": 100}))) == 1  # +100 all but forces token 100, every step
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=4, logit_bias={"10000000": 1})
+    assert "vocabulary" in caught.value.message

@@ -80,6 +80,7 @@ def test_a_full_vllm_style_chat_request_is_accepted() -> None:
         ignore_eos=False,
         stop_token_ids=[7],
         response_format={"type": "text"},
+        logit_bias={"50256": -100, "7": 2},
     )
 
     assert req.include_usage and req.requested_max_tokens() == 100 and req.reasoning_budget_tokens() == 512
@@ -93,6 +94,7 @@ def test_a_full_vllm_style_chat_request_is_accepted() -> None:
     )
     assert (params.max_tokens, params.stop, params.stop_token_ids) == (100, ["</s>", "\n\n"], [7])
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.1, 0.2, 1.1)
+    assert params.logit_bias == {50256: -100.0, 7: 2.0}
 
 
 def test_defaults_follow_openai() -> None:
@@ -127,7 +129,10 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"reasoning_budget": 10, "reasoning_effort": "low"}, "reasoning_effort"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"a": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"-1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"7": 100.5}}, "logit_bias"),
+        ({"logit_bias": {"7": "2"}}, "logit_bias.7"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"max_tokens": 1001}, "max_tokens"),

@@ -118,3 +118,13 @@ def test_requests_this_worker_cannot_serve_are_rejected_with_their_code(base):
     with pytest.raises(JobRejected) as caught:
         spec_of(base, {"model": "tiny", "messages": messages, "max_tokens": 10_000})
     assert caught.value.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+
+
+def test_logit_bias_reaches_the_sampler_and_ids_outside_the_vocabulary_are_rejected(base):
+    messages = [{"role": "user", "content": "Hi"}]
+    vocab_size = base.runner.vocab_size
+    spec = spec_of(base, {"model": "tiny", "messages": messages, "logit_bias": {"5": -100, str(vocab_size - 1): 2.5}})
+    assert spec.params.logit_bias == {5: -100.0, vocab_size - 1: 2.5}
+    with pytest.raises(JobRejected) as caught:
+        spec_of(base, {"model": "tiny", "messages": messages, "logit_bias": {str(vocab_size): 1}})
+    assert caught.value.code == ErrorCode.INVALID_REQUEST and "logit_bias" in str(caught.value)

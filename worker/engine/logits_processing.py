@@ -1,11 +1,12 @@
 """Raw logits -> the target's processed distribution, and one token drawn from it.
 
 Processing follows vLLM's v1 sampler, in its order:
-  1. penalties on the raw logits: repetition (HF semantics: over prompt and generated tokens, a
-     positive logit is divided by the penalty, a negative one multiplied), then frequency and
-     presence (OpenAI semantics: over generated tokens only, `- f * count - p * (count > 0)`);
-  2. greedy requests stop here: the token is the argmax of the penalized logits;
-  3. temperature, then min-p, then top-k, then top-p; masked entries become -inf.
+  1. logit bias (OpenAI's `logit_bias`): each listed token's bias added to its raw logit;
+  2. penalties: repetition (HF semantics: over prompt and generated tokens, a positive logit is
+     divided by the penalty, a negative one multiplied), then frequency and presence (OpenAI
+     semantics: over generated tokens only, `- f * count - p * (count > 0)`);
+  3. greedy requests stop here: the token is the argmax of the biased, penalized logits;
+  4. temperature, then min-p, then top-k, then top-p; masked entries become -inf.
 
 Drawing is by inverse CDF over the vocabulary with exactly one float64 uniform per emitted token.
 Speculative verification draws at each tree node from that node's processed distribution with the
@@ -46,6 +47,7 @@ def process_logits(
     """
     assert logits.dim() == 2 and logits.shape[0] == len(output_ids), (tuple(logits.shape), len(output_ids))
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    _apply_logit_bias(logits, params.logit_bias)
     _apply_penalties(logits, params, prompt_ids, output_ids)
     if params.greedy:
         return logits
@@ -97,6 +99,21 @@ def logprobs_of(logits_row: torch.Tensor, token_id: int, num_top: int) -> TokenL
         values, ids = torch.topk(logprobs, min(num_top, logprobs.shape[-1]))
         top = list(zip(ids.tolist(), values.tolist()))
     return TokenLogprobs(token_id, float(logprobs[token_id]), top)
+
+
+def changes_greedy_choice(params: SamplingParams) -> bool:
+    """Whether processing can move the argmax, i.e. a greedy token is not simply the raw logits'
+    argmax (masks and temperature cannot; bias and penalties can)."""
+    return bool(params.logit_bias) or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 \
+        or params.frequency_penalty != 0.0
+
+
+def _apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> None:  # logits [N, V], in place
+    if not logit_bias:
+        return
+    assert max(logit_bias) < logits.shape[1], "logit_bias token id out of vocab (the worker checks at intake)"
+    token_ids = torch.tensor(list(logit_bias), dtype=torch.long, device=logits.device)  # [B]
+    logits[:, token_ids] += torch.tensor(list(logit_bias.values()), dtype=logits.dtype, device=logits.device)
 
 
 def _apply_penalties(

@@ -41,6 +41,10 @@ class ModelRunner:
         # emitted tokens (logprobs for the serving side); None costs nothing.
         self.logits_observer: Callable[[Sequence, torch.Tensor, list[int]], None] | None = None
 
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.config.vocab_size
+
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         if num_prompt_tokens < 1:
             raise ContextLengthError("the prompt is empty: at least one token is needed")

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.sampling import SamplingParams
-from worker.engine.logits_processing import greedy_token, process_logits, sample_from
+from worker.engine.logits_processing import changes_greedy_choice, greedy_token, process_logits, sample_from
 from worker.engine.sequence import Sequence
 from worker.speculation.tree import ROOT, DraftTree, walk
 
@@ -40,7 +39,7 @@ def tree_inputs(sequence: Sequence, tree: DraftTree) -> tuple[torch.Tensor, torc
 def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """logits: [1+n, vocab], row 0 after the root, row i+1 after node i."""
     params = sequence.params
-    if params.greedy and not _has_penalties(params):
+    if params.greedy and not changes_greedy_choice(params):
         targets = logits.argmax(dim=-1).tolist()  # one pass for every row
         accepted, emitted = walk(tree, lambda node: targets[node + 1])
         return Verdict(accepted, emitted)
@@ -52,7 +51,3 @@ def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor) -> Verdict
 
     accepted, emitted = walk(tree, next_token_at)
     return Verdict(accepted, emitted)
-
-
-def _has_penalties(params: SamplingParams) -> bool:
-    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0

@@ -9,6 +9,7 @@ import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -83,6 +84,29 @@ def test_repetition_penalty_matches_transformers() -> None:
     for row, history in enumerate(outputs):
         hf = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + history]), logits[row : row + 1].clone())
         torch.testing.assert_close(out[row : row + 1], hf)
+
+
+def test_logit_bias_adds_to_the_listed_tokens_of_every_row() -> None:
+    params = SamplingParams(logit_bias={0: -100.0, 2: 1.5})
+    out = process_logits(torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), params, prompt_ids=[], output_ids=[[], [1]])
+    assert out.tolist() == [[-99.0, 2.0, 4.5], [-100.0, 0.0, 1.5]]
+
+
+def test_logit_bias_steers_greedy_and_applies_before_penalties_as_in_vllm() -> None:
+    # Biased first, then penalized: token 0's logit (2 + 2) is halved by the repetition penalty.
+    params = SamplingParams(logit_bias={0: 2.0}, repetition_penalty=2.0)
+    out = process_logits(_logits([2.0, 2.5]), params, prompt_ids=[0], output_ids=[[]])
+    assert out.tolist() == [[2.0, 2.5]] and greedy_token(out[0]) == 1
+    assert greedy_token(process_logits(_logits([2.0, 2.5]), SamplingParams(logit_bias={0: 0.75}), [], [[]])[0]) == 0
+
+
+def test_logit_bias_matches_transformers_sequence_bias_for_single_tokens() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(2, 40)
+    bias = {3: -100.0, 17: 4.0, 39: 0.5}
+    out = process_logits(logits, SamplingParams(logit_bias=bias), prompt_ids=[1, 2], output_ids=[[], [5]])
+    hf = SequenceBiasLogitsProcessor({(token,): value for token, value in bias.items()})
+    torch.testing.assert_close(out, hf(torch.tensor([[1, 2, 5], [1, 2, 5]]), logits.clone()))
 
 
 def test_greedy_applies_penalties_but_no_masks() -> None:

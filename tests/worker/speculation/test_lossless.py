@@ -27,6 +27,7 @@ PREFILL_CHUNK = 7  # small, so drafters also see prefills arrive in several chun
 GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
 PENALIZED = SamplingParams(max_tokens=32, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5,
                            frequency_penalty=0.2)
+NUM_BANNED = 6  # the tokens plain greedy decoding emits most, banned with logit_bias -100
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -76,10 +77,25 @@ def decode(runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, s
 
 @functools.cache
 def outputs(family: str, mode: str, params_name: str, num_prompts: int) -> tuple[list[list[int]], SpecStats]:
-    params = {"greedy": GREEDY, "penalized": PENALIZED}[params_name]
+    params = {"greedy": GREEDY, "penalized": PENALIZED}.get(params_name) or biased_params(family)
     prompts = make_prompts(loaded(family).config.vocab_size, num_prompts, seed=FAMILIES.index(family))
     stats = SpecStats()
     return [decode(runner_for(family, mode), prompt, params, stats) for prompt in prompts], stats
+
+
+@functools.cache
+def biased_params(family: str) -> SamplingParams:
+    """Greedy with the tokens plain decoding likes best banned and a few others favoured: a bias
+    that changes what greedy decoding emits (checked in the test), so a verifier that took the
+    raw argmax would disagree with plain decoding."""
+    expected, _ = outputs(family, "none", "greedy", 4)
+    counts: dict[int, int] = {}
+    for token in (t for tokens in expected for t in tokens):
+        counts[token] = counts.get(token, 0) + 1
+    banned = sorted(counts, key=counts.get, reverse=True)[:NUM_BANNED]
+    favoured = [t for t in range(3, 40) if t not in banned][:3]
+    return SamplingParams(max_tokens=32, ignore_eos=True,
+                          logit_bias={**{t: -100.0 for t in banned}, **{t: 1.5 for t in favoured}})
 
 
 def assert_same_tokens(expected: list[list[int]], got: list[list[int]], mode: str) -> None:
@@ -113,6 +129,15 @@ def test_greedy_with_penalties_equals_plain_decoding(family, mode):
     expected, _ = outputs(family, "none", "penalized", 4)
     got, _ = outputs(family, mode, "penalized", 4)
     assert_same_tokens(expected, got, mode)
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_logit_bias_equals_plain_decoding(family, mode):
+    expected, _ = outputs(family, "none", "biased", 4)
+    banned = {t for t, bias in biased_params(family).logit_bias.items() if bias < 0}
+    assert not banned & {t for tokens in expected for t in tokens}, "a banned token was emitted"
+    assert_same_tokens(expected, outputs(family, mode, "biased", 4)[0], mode)
 
 
 @pytest.mark.slow
