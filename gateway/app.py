@@ -30,7 +30,7 @@ from gateway.openapi import openapi
 from gateway.routes.generate import chat_completions, completions
 from gateway.routes.health import health
 from gateway.routes.metrics import metrics
-from gateway.routes.models import list_models
+from gateway.routes.models import list_models, retrieve_model
 from gateway.services import Services
 from shared.openai_schema import Limits
 from shared.settings import GatewaySettings
@@ -43,6 +43,7 @@ ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),

@@ -10,7 +10,14 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway.openai_responses import ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse, ModelList
+from gateway.openai_responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
@@ -21,6 +28,7 @@ _MODELS: list[tuple[type[BaseModel], Any]] = [
     (ChatCompletionChunk, "serialization"),
     (Completion, "serialization"),
     (ModelList, "serialization"),
+    (ModelCard, "serialization"),
     (ErrorResponse, "serialization"),
 ]
 
@@ -73,6 +81,22 @@ def build_openapi() -> dict[str, Any]:
                             "description": "OK",
                             "content": {"application/json": {"schema": _ref(ModelList)}},
                         }
+                    },
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One served model",
+                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": {"application/json": {"schema": _ref(ModelCard)}},
+                        },
+                        "404": {
+                            "description": "No live worker serves it",
+                            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+                        },
                     },
                 }
             },

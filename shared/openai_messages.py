@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
 class _Strict(BaseModel):
@@ -12,14 +12,16 @@ class _Strict(BaseModel):
 
 
 class TextPart(_Strict):
-    type: str
+    type: Literal["text"]
     text: str
 
-    @field_validator("type")
+    @model_validator(mode="before")
     @classmethod
-    def _text_only(cls, value: str) -> str:
-        if value != "text":
-            raise ValueError(f"content part type {value!r} is not supported; only 'text' parts are")
+    def _text_only(cls, value: Any) -> Any:
+        """An image or audio part is one error naming its type, not three about its fields."""
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise ValueError(f"content part type {kind!r} is not supported; only 'text' parts are")
         return value
 
 

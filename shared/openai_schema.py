@@ -125,7 +125,8 @@ class _GenerationRequest(BaseModel):
             if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"key {key[:40]!r} is not a token id (a non-negative integer)")
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
-                raise ValueError(f"bias {bias} for token {key} is outside [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
+                limit = f"{LOGIT_BIAS_LIMIT:g}"
+                raise ValueError(f"bias {bias} for token {key} is outside [-{limit}, {limit}]")
         return value
 
     @model_validator(mode="after")
@@ -154,6 +155,34 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     reasoning_budget: int | None = Field(None, ge=0)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # OpenAI platform fields. Each is accepted where its value asks for what Arbor does anyway and
+    # refused by name where it asks for more: Arbor stores nothing and has one tier and text only.
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)  # tags, like `user`: accepted, used by nothing
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    safety_identifier: str | None = None  # OpenAI's successor to `user`
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_stored(cls, value: bool | None) -> bool | None:
+        if value:
+            raise UnsupportedField("store", "true is not supported: Arbor keeps no completions")
+        return value
+
+    @field_validator("service_tier")
+    @classmethod
+    def _one_tier(cls, value: str | None) -> str | None:
+        if value not in (None, "auto", "default"):
+            raise UnsupportedField("service_tier", f"{value!r} is not supported; only 'auto' and 'default'")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_out(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and value != ["text"]:
+            raise UnsupportedField("modalities", "only ['text'] is supported")
+        return value
 
     @field_validator("tool_choice")
     @classmethod

@@ -8,6 +8,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 KNOWN_ROUTES = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"}
 )
+MODEL_ROUTE = "/v1/models/{model}"
 
 
 class RequestMetricsMiddleware:
@@ -30,5 +31,13 @@ class RequestMetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
+            route = _route(scope["path"])
             self._counter.labels(route=route, status=str(status)).inc()
+
+
+def _route(path: str) -> str:
+    """The label for a path: a known route, its template (one label for every model id), or
+    "other", so that clients cannot mint labels."""
+    if path in KNOWN_ROUTES:
+        return path
+    return MODEL_ROUTE if path.startswith("/v1/models/") else "other"

@@ -1,4 +1,5 @@
-"""GET /v1/models: every model a live worker serves, from heartbeats."""
+"""GET /v1/models (every model a live worker serves, from heartbeats) and GET /v1/models/{model}
+(one of them, or 404 model_not_found, as OpenAI's retrieve)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,24 @@ from shared.heartbeat import Heartbeat
 
 
 async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse(model_list(await _live_workers(request)).model_dump(mode="json"))
+
+
+async def retrieve_model(request: Request) -> JSONResponse:
+    model = request.path_params["model"]  # ids may hold slashes ("org/name"): a path parameter
+    cards = {card.id: card for card in model_list(await _live_workers(request)).data}
+    if model not in cards:
+        raise errors.model_not_found(model)
+    return JSONResponse(cards[model].model_dump(mode="json"))
+
+
+async def _live_workers(request: Request) -> list[Heartbeat]:
     svc: Services = request.state.services
     try:
         async with asyncio.timeout(svc.settings.redis_timeout_s):
-            workers = await live_workers(svc.redis)
+            return await live_workers(svc.redis)
     except (RedisError, OSError, TimeoutError) as exc:
         raise errors.redis_unavailable(exc) from exc
-    return JSONResponse(model_list(workers).model_dump(mode="json"))
 
 
 def model_list(workers: list[Heartbeat]) -> ModelList:

@@ -118,6 +118,9 @@ def test_models_lists_every_served_model(client: openai.OpenAI) -> None:
     models = {model.id: model for model in client.models.list()}
     assert set(models) == {TINY_MODEL, SCRIPTED_MODEL}
     assert all(model.object == "model" for model in models.values())
+    assert client.models.retrieve(SCRIPTED_MODEL).id == SCRIPTED_MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
 
 
 def test_tool_call_round_trip(client: openai.OpenAI) -> None:

@@ -25,6 +25,19 @@ def test_models_lists_what_live_workers_serve(gateway: GatewayServer, make_peer)
     assert models.data[1].model_extra["max_model_len"] == 2048
 
 
+def test_a_model_is_retrieved_by_id_slashes_and_all(gateway: GatewayServer, make_peer) -> None:
+    make_peer(worker_id="a")
+    make_peer(worker_id="b", model="org/other-model")
+
+    assert gateway.openai().models.retrieve(MODEL).id == MODEL
+    assert gateway.openai().models.retrieve("org/other-model").id == "org/other-model"
+    response = gateway.http().get("/v1/models/no-such-model")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+    metrics = gateway.http().get("/metrics").text
+    assert _sample(metrics, "arbor_http_requests_total", route="/v1/models/{model}", status="404") == 1
+
+
 def test_models_is_empty_without_workers(gateway: GatewayServer) -> None:
     assert gateway.openai().models.list().data == []
 
@@ -151,9 +164,8 @@ def test_openapi_describes_the_request_models(gateway: GatewayServer) -> None:
     spec = gateway.http().get("/openapi.json").json()
 
     assert spec["openapi"].startswith("3.")
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(
-        spec["paths"]
-    )
+    routes = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/health", "/metrics"}
+    assert routes <= set(spec["paths"])
     schemas = spec["components"]["schemas"]
     chat = schemas["ChatCompletionRequest"]
     assert {"messages", "model", "tools", "stream_options", "reasoning_budget"} <= set(chat["properties"])

@@ -29,7 +29,10 @@ EXAMPLES: dict[tuple[str, str], dict | None] = {
     ("POST", "/v1/completions"): {"model": MODEL, "prompt": "hi", "max_tokens": 4},
     ("GET", "/v1/models"): None,
     ("HEAD", "/v1/models"): None,
+    ("GET", "/v1/models/{model:path}"): None,
+    ("HEAD", "/v1/models/{model:path}"): None,
 }
+URLS = {"/v1/models/{model:path}": f"/v1/models/{MODEL}"}  # a route's path with its parameters filled in
 GENERATION_ROUTES = [route for route, body in EXAMPLES.items() if body is not None and "max_tokens" in body]
 BAD_HEADERS = [None, "Bearer wrong", f"Bearer {API_KEY}x", f"Bearer {API_KEY[:-1]}", f"Basic {API_KEY}", "Bearer",
                API_KEY, f"Bearer {KEYS}"]
@@ -51,7 +54,7 @@ def _send(gateway: GatewayServer, route: tuple[str, str], header: str | None = N
     headers = {"authorization": header} if header is not None else {}
     body = EXAMPLES[route]
     json_body = None if body is None else body | changes
-    return gateway.http().request(method, path, json=json_body, headers=headers)
+    return gateway.http().request(method, URLS.get(path, path), json=json_body, headers=headers)
 
 
 def _assert_envelope(response, status: int, code: str) -> dict:

@@ -81,6 +81,11 @@ def test_a_full_vllm_style_chat_request_is_accepted() -> None:
         stop_token_ids=[7],
         response_format={"type": "text"},
         logit_bias={"50256": -100, "7": 2},
+        store=False,
+        metadata={"team": "search"},
+        service_tier="auto",
+        modalities=["text"],
+        safety_identifier="hashed-user",
     )
 
     assert req.include_usage and req.requested_max_tokens() == 100 and req.reasoning_budget_tokens() == 512
@@ -143,6 +148,11 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"max_tokens": "5"}, "max_tokens"),  # strict: numbers in strings are a client bug
         ({"stream": "true"}, "stream"),
         ({"frobnicate": True}, "frobnicate"),
+        ({"store": True}, "store"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k": 1}}, "metadata.k"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool.tool_call_id"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0"),
     ],
