@@ -225,11 +225,22 @@ class CompletionRequest(_GenerationRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _one_text_prompt(cls, value: Any) -> Any:
-        ok = isinstance(value, str) or (len(value) == 1 and isinstance(value[0], str))
-        if not ok:
-            raise UnsupportedField("prompt", "only a string or a list of one string is supported")
+    def _one_prompt(cls, value: Any) -> Any:
+        """One prompt, as text or token ids, in any of OpenAI's four forms; a batch is refused."""
+        if value == []:
+            raise ValueError("the prompt is empty")
+        if isinstance(value, list) and isinstance(value[0], int):
+            value = [value]  # token ids: one prompt
+        if isinstance(value, list) and len(value) != 1:
+            raise UnsupportedField("prompt", f"a batch of {len(value)} prompts is not supported; send one per request")
+        prompt = value if isinstance(value, str) else value[0]
+        if isinstance(prompt, list) and not (prompt and all(token_id >= 0 for token_id in prompt)):
+            raise ValueError("token ids must be a non-empty list of non-negative integers")
         return value
+
+    def prompt_value(self) -> str | list[int]:
+        """The prompt: text, or token ids to use as they are (no BOS added, as vLLM does)."""
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]  # type: ignore[return-value]
 
     @field_validator("echo")
     @classmethod
@@ -251,9 +262,6 @@ class CompletionRequest(_GenerationRequest):
         if value not in (None, 1):
             raise UnsupportedField("best_of", f"{value} is not supported; only 1")
         return value
-
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]  # type: ignore[return-value]
 
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest

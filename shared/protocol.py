@@ -14,7 +14,7 @@ A request's life, with the Redis names from `shared.keys`:
    `to_sampling_params(req)` (max_tokens is always set by the gateway), `n` (one lane per choice
    or a lane with n streams: every event names its `choice`), chat `logprobs` / `top_logprobs`,
    completion `logprobs` (top-k count), `tools`, `chat_template_kwargs`,
-   `reasoning_budget_tokens()`, and `CompletionRequest.prompt_text()`. A job already past its
+   `reasoning_budget_tokens()`, and `CompletionRequest.prompt_value()`. A job already past its
    `deadline` gets an `ErrorEvent` with code `deadline_exceeded`.
 3. Every event is written atomically (a Lua script, fenced on ownership; a batch of events is
    one script call), so the log, the channel and the state never disagree:

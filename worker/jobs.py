@@ -105,7 +105,13 @@ def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: 
 
 def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]:
     if isinstance(request, CompletionRequest):
-        return served.encode_text(request.prompt_text())
+        prompt = request.prompt_value()
+        if isinstance(prompt, str):
+            return served.encode_text(prompt)
+        if max(prompt) >= served.runner.vocab_size:
+            raise JobRejected(f"prompt: token id {max(prompt)} is outside this model's vocabulary of "
+                              f"{served.runner.vocab_size} tokens", ErrorCode.INVALID_REQUEST)
+        return list(prompt)
     tools = _tools(request)
     kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
     try:

@@ -114,6 +114,15 @@ def test_legacy_completions_stream_and_not_agree(client: openai.OpenAI) -> None:
         choice.finish_reason]
 
 
+def test_a_completion_of_token_ids_continues_those_tokens(client: openai.OpenAI) -> None:
+    ids = client.completions.create(model=TINY_MODEL, prompt=[1, 2, 3, 4], max_tokens=6, temperature=0)
+    again = client.completions.create(model=TINY_MODEL, prompt=[[1, 2, 3, 4]], max_tokens=6, temperature=0)
+    assert ids.usage.prompt_tokens == 4  # the ids themselves: nothing added, nothing re-tokenized
+    assert ids.usage.completion_tokens == 6 and ids.choices[0].text == again.choices[0].text
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=TINY_MODEL, prompt=[[1, 2], [3]], max_tokens=2)
+
+
 def test_models_lists_every_served_model(client: openai.OpenAI) -> None:
     models = {model.id: model for model in client.models.list()}
     assert set(models) == {TINY_MODEL, SCRIPTED_MODEL}

@@ -168,7 +168,10 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 3}, "best_of"),
         ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": [[1, 2]]}, "prompt"),
+        ({"prompt": [[1, 2], [3]]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": [5, -1]}, "prompt"),
         ({"logprobs": 21}, "logprobs"),
         ({"messages": USER}, "messages"),
     ],
@@ -178,8 +181,10 @@ def test_refused_completion_fields_are_named(fields: dict, param: str) -> None:
 
 
 def test_completion_prompt_forms() -> None:
-    assert CompletionRequest(model="m", prompt="a").prompt_text() == "a"
-    assert CompletionRequest(model="m", prompt=["b"], best_of=1, echo=False).prompt_text() == "b"
+    assert CompletionRequest(model="m", prompt="a").prompt_value() == "a"
+    assert CompletionRequest(model="m", prompt=["b"], best_of=1, echo=False).prompt_value() == "b"
+    assert CompletionRequest(model="m", prompt=[3, 1, 2]).prompt_value() == [3, 1, 2]
+    assert CompletionRequest(model="m", prompt=[[3, 1]]).prompt_value() == [3, 1]
 
 
 def test_limits_are_not_rechecked_without_a_context() -> None:

@@ -94,6 +94,16 @@ def test_a_completion_encodes_the_raw_prompt_and_asks_for_logprobs(base):
     assert spec.params.max_tokens == base.runner.max_context - len(spec.prompt_ids)  # silent: the rest of the context
 
 
+def test_a_completion_of_token_ids_uses_them_as_they_are(base):
+    ids = base.encode_text("The quick brown fox")[::-1]  # not what encoding any text gives, BOS or not
+    for prompt in (ids, [ids]):
+        spec = spec_of(base, {"model": "tiny", "prompt": prompt, "max_tokens": 4}, kind="completion")
+        assert spec.prompt_ids == ids
+    with pytest.raises(JobRejected) as caught:
+        spec_of(base, {"model": "tiny", "prompt": [1, base.runner.vocab_size]}, kind="completion")
+    assert caught.value.code == ErrorCode.INVALID_REQUEST and "vocabulary" in str(caught.value)
+
+
 @pytest.mark.parametrize("body", ["{not json", {"model": "tiny", "messages": []}, {"model": "tiny", "prompt": "x"}])
 def test_malformed_bodies_are_poison(base, body):
     with pytest.raises(PoisonJob) as caught:
