@@ -147,7 +147,7 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call (the choice ends when it closes)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -189,13 +189,6 @@ class ChatCompletionRequest(_GenerationRequest):
     def _auto_or_none(cls, value: Any) -> Any:
         if value is not None and value not in ("auto", "none"):
             raise UnsupportedField("tool_choice", "only 'auto' and 'none' are supported")
-        return value
-
-    @field_validator("parallel_tool_calls")
-    @classmethod
-    def _parallel_only(cls, value: bool | None) -> bool | None:
-        if value is False:
-            raise UnsupportedField("parallel_tool_calls", "false is not supported")
         return value
 
     @model_validator(mode="after")

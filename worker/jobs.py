@@ -125,8 +125,11 @@ def output_options(request: GenerationRequest, served: ServingModel, prompt_ids:
     if isinstance(request, CompletionRequest):
         return OutputOptions(stop=tuple(params.stop), num_logprobs=request.logprobs)
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    parse_tool_calls = _tools(request) is not None
     return OutputOptions(stop=tuple(params.stop), reasoning=_reasoning(request, served, prompt_ids),
-                         parse_tool_calls=_tools(request) is not None, num_logprobs=num_logprobs)
+                         parse_tool_calls=parse_tool_calls,
+                         single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
+                         num_logprobs=num_logprobs)
 
 
 def _reasoning(request: ChatCompletionRequest, served: ServingModel, prompt_ids: list[int]) -> ReasoningOptions | None:

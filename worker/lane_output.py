@@ -47,6 +47,7 @@ class OutputOptions:
     stop: tuple[str, ...] = ()
     reasoning: ReasoningOptions | None = None
     parse_tool_calls: bool = False
+    single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
     num_logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
 
 
@@ -73,14 +74,19 @@ class LaneOutput:
         reasoning = options.reasoning
         self._reasoning = (ReasoningParser(reasoning.start_tag, reasoning.end_tag, reasoning.starts_in_reasoning)
                            if reasoning is not None else None)
-        self._tools = ToolCallParser() if options.parse_tool_calls else None
+        max_calls = 1 if options.single_tool_call else None
+        self._tools = ToolCallParser(max_calls=max_calls) if options.parse_tool_calls else None
         self.num_reasoning_tokens = 0
         self._forced = False
 
     @property
     def stopped(self) -> bool:
-        """A stop string was hit: the lane must finish."""
-        return self._text.stopped
+        """A stop string was hit, or the one call allowed has closed: the lane must finish."""
+        return self._text.stopped or self._call_made_alone
+
+    @property
+    def _call_made_alone(self) -> bool:
+        return self._tools is not None and self._tools.done
 
     @property
     def made_tool_calls(self) -> bool:
@@ -92,13 +98,17 @@ class LaneOutput:
             return LaneDelta(text="".join([self._text.add((token,)) for token in token_ids]))
         delta = LaneDelta()
         for token in token_ids:
+            if self._call_made_alone:
+                break  # what a step emitted after the one call is not output
             delta.extend(self._route(self._text.add([token])))
             if self._reasoning is not None and self._reasoning.in_reasoning:
                 self.num_reasoning_tokens += 1
         return delta
 
     def finish(self) -> LaneDelta:
-        """Everything held back, at the end of the lane."""
+        """Everything held back, at the end of the lane (nothing, after the one call allowed)."""
+        if self._call_made_alone:
+            return LaneDelta()
         delta = self._route(self._text.finish())
         if self._reasoning is not None:
             flushed = self._reasoning.flush()

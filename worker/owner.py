@@ -123,8 +123,9 @@ class _Job:
     finished: list[int]  # choices whose final event went out
     next_seq: int
     shown: bool = False  # a delta with visible output (text, reasoning, tool calls) was queued
-    # Its steps need no per-step decision from their text: no stop strings, no reasoning budget
-    # (logprobs, kept per step, are checked per lane). Such a lane's tokens may be held (`Owner`).
+    # Its steps need no per-step decision from their text: no stop strings, no reasoning budget, no
+    # single-call limit (logprobs, kept per step, are checked per lane). Such a lane's tokens may be
+    # held (`Owner`).
     holdable: bool = False
 
 
@@ -187,9 +188,10 @@ class Owner:
     def _start(self, spec: JobSpec, ref: JobRef) -> None:
         resume = spec.resume
         finished = sorted(set(resume.finished_choices))
+        output = spec.output
         job = _Job(spec, ref, {}, [spec.resumed_ids(c) for c in range(spec.n)], finished, resume.next_seq,
-                   holdable=not spec.output.stop and (spec.output.reasoning is None
-                                                      or spec.output.reasoning.budget is None))
+                   holdable=not output.stop and not output.single_tool_call
+                   and (output.reasoning is None or output.reasoning.budget is None))
         self._jobs[spec.request_id] = job
         self.capacity.release(len(finished))  # the reader held n lanes; finished choices need none
         for choice in range(spec.n):
@@ -209,10 +211,11 @@ class Owner:
         self._done_if_finished(job)
 
     def _finish_stopped_replay(self, job: _Job, choice: int) -> None:
-        job.outputs.pop(choice)
+        output = job.outputs.pop(choice)
         job.finished.append(choice)
+        reason = "tool_calls" if output.made_tool_calls else "stop"  # a stop string, or the one call allowed
         self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
-                                      choice=choice, finish_reason="stop", usage=self._usage(job, choice),
+                                      choice=choice, finish_reason=reason, usage=self._usage(job, choice),
                                       stats=FinalStats(speculation=self.config.speculation)))
         self.capacity.release(1)
 

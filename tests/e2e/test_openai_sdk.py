@@ -189,6 +189,26 @@ def test_scripted_agent_workflow_over_several_turns(client: openai.OpenAI) -> No
             messages.append({"role": "user", "content": "And in Tokyo?"})
 
 
+def test_parallel_tool_calls_false_ends_the_turn_at_its_first_call(client: openai.OpenAI) -> None:
+    messages: list = [{"role": "system", "content": "You are a travel agent."}, USER]
+    for _ in STEPS[:3]:  # on to the turn that makes two calls at once
+        message = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS).choices[0].message
+        calls = _sdk_calls(message)
+        messages += [message, *_tool_results(calls, {"get_weather": "sunny", "get_time": "12:00"})] if calls else [
+            message, {"role": "user", "content": "And in Tokyo?"}]
+    both = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS).choices[0]
+    assert _calls(both.message) == _declared_calls(STEPS[3]) and len(STEPS[3].calls) == 2
+
+    one = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS,
+                                         parallel_tool_calls=False).choices[0]
+    assert (_calls(one.message), one.finish_reason) == (_declared_calls(STEPS[3])[:1], "tool_calls")
+    assert one.message.content == STEPS[3].content.rstrip("\n")  # what followed the call is not output
+    content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=messages, tools=TOOLS,
+                                                    parallel_tool_calls=False)
+    assert (content, finish_reason) == (one.message.content, "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == _declared_calls(STEPS[3])[:1]
+
+
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
         response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=16,

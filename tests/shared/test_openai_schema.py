@@ -131,7 +131,6 @@ def test_no_reasoning_budget_means_unbounded() -> None:
     [
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "w"}}}, "tool_choice"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"reasoning_budget": 10, "reasoning_effort": "low"}, "reasoning_effort"),
         ({"logit_bias": {"a": 2.0}}, "logit_bias"),

@@ -94,6 +94,30 @@ def test_a_tool_call_split_over_many_small_deltas_becomes_openai_tool_call_delta
     assert output.made_tool_calls
 
 
+@pytest.mark.parametrize("in_one_step", [False, True])
+def test_a_single_call_lane_stops_when_its_first_call_closes(tokenizer, in_one_step):
+    text = ('Both.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
+            '<tool_call>{"name": "g", "arguments": {}}</tool_call> and more')
+    output = LaneOutput(tokenizer, OutputOptions(parse_tool_calls=True, single_tool_call=True), [])
+    token_ids = ids_of(tokenizer, text)
+    if in_one_step:  # speculation or held tokens: the step runs past the call
+        delta = output.add(token_ids)
+        delta.extend(output.finish())
+    else:
+        delta = LaneDelta()
+        for token in token_ids:
+            delta.extend(output.add([token]))
+            if output.stopped:
+                break
+        delta.extend(output.finish())
+    assert output.stopped and output.made_tool_calls
+    assert delta.text == "Both." and {call["index"] for call in delta.tool_calls} == {0}
+    assert [call["function"].get("name") for call in delta.tool_calls][0] == "f"
+    unlimited = LaneOutput(tokenizer, OutputOptions(parse_tool_calls=True), [])
+    assert {call["index"] for call in feed_one_by_one(unlimited, token_ids).tool_calls} == {0, 1}
+    assert not unlimited.stopped
+
+
 def test_reasoning_then_a_tool_call(tokenizer):
     options = OutputOptions(reasoning=reasoning_options(tokenizer), parse_tool_calls=True)
     output = LaneOutput(tokenizer, options, [])

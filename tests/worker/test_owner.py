@@ -186,6 +186,29 @@ def test_tool_call_streamed_in_many_small_deltas_ends_with_finish_reason_tool_ca
     assert events[-1].finish_reason == "tool_calls"
 
 
+TWO_CALLS = ('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+             '<tool_call>{"name": "b", "arguments": {}}</tool_call> and text')
+SINGLE_CALL = OutputOptions(parse_tool_calls=True, single_tool_call=True)
+
+
+def test_a_single_call_lane_ends_its_sequence_when_the_call_closes():
+    script = ids_of(TWO_CALLS)
+    events = run_job(ScriptedStepper(script), spec(SINGLE_CALL))
+    calls = [call for e in events if isinstance(e, DeltaEvent) for call in e.tool_calls]
+    assert {call.index for call in calls} == {0} and calls[0].function.name == "a"
+    assert "".join(e.text for e in events if isinstance(e, DeltaEvent)) == ""
+    assert events[-1].finish_reason == "tool_calls"
+    assert events[-1].usage.completion_tokens < len(script), "the model went on to a second call"
+
+
+def test_a_resumed_single_call_lane_whose_call_was_already_published_ends_with_tool_calls():
+    script = ids_of(TWO_CALLS)
+    first_call = ids_of(TWO_CALLS.split("\n")[0])
+    resume = JobState(worker="dead", attempt=2, emitted_token_ids=[first_call], next_seq=5)
+    events = run_job(ScriptedStepper(script), spec(SINGLE_CALL, resume=resume))
+    assert [(e.type, e.seq, e.finish_reason) for e in events] == [("final", 5, "tool_calls")]
+
+
 def test_reasoning_budget_forces_the_close_tag_into_the_sequence():
     close_ids = ids_of(FORCED_CLOSE)
     reasoning = ReasoningOptions(starts_in_reasoning=True, budget=4, close_ids=tuple(close_ids))
@@ -291,8 +314,9 @@ def test_a_plain_lane_is_held_after_its_first_output_until_the_sink_is_due():
 
 
 @pytest.mark.parametrize("output", [OutputOptions(stop=("lazy cat",)),
-                                    OutputOptions(reasoning=ReasoningOptions(budget=100, close_ids=(1,)))],
-                         ids=["stop strings", "reasoning budget"])
+                                    OutputOptions(reasoning=ReasoningOptions(budget=100, close_ids=(1,))),
+                                    SINGLE_CALL],
+                         ids=["stop strings", "reasoning budget", "one tool call"])
 def test_lanes_that_decide_on_their_text_are_never_held(output):
     script = ids_of("The quick brown fox jumps over the lazy dog.")
     events = held_run(spec(output), script).events()

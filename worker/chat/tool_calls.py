@@ -195,8 +195,9 @@ class _OpenCall:
 
 
 class ToolCallParser:
-    def __init__(self, new_call_id: Callable[[], str] = new_tool_call_id):
+    def __init__(self, new_call_id: Callable[[], str] = new_tool_call_id, max_calls: int | None = None):
         self._new_call_id = new_call_id
+        self._max_calls = max_calls  # after that many calls the parser is `done`: the rest is not output
         self._buffer = ""  # received, not yet consumed: a possible partial tag
         self._call: _OpenCall | None = None
         self._num_indices = 0
@@ -206,11 +207,18 @@ class ToolCallParser:
     def in_tool_call(self) -> bool:
         return self._call is not None
 
+    @property
+    def done(self) -> bool:
+        """`max_calls` well-formed calls have closed: what follows them is dropped."""
+        return self._max_calls is not None and len(self._finished) >= self._max_calls
+
     def feed(self, text: str) -> ToolCallDelta:
         self._buffer += text
         delta = ToolCallDelta()
-        while self._step(delta):
+        while not self.done and self._step(delta):
             pass
+        if self.done:
+            self._buffer = ""
         return delta
 
     def flush(self) -> ToolCallDelta:

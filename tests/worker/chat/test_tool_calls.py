@@ -92,6 +92,17 @@ def test_several_calls_get_consecutive_indices_and_text_after_calls_is_content()
     assert streamed == finished
 
 
+def test_with_max_calls_the_parser_is_done_at_the_last_call_and_drops_what_follows():
+    text = 'A<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b"}</tool_call> done'
+    parser = ToolCallParser(max_calls=1)
+    delta = parser.feed(text)  # all at once: the newline after the close arrives with it
+    assert parser.done and delta.content == "A" and parser.flush().content == ""
+    assert [c["function"]["name"] for c in parser.finish()] == ["a"]
+    assert {call["index"] for call in delta.tool_calls} == {0}
+    unlimited = ToolCallParser(max_calls=3)
+    assert unlimited.feed(text).content == "A\n done" and not unlimited.done  # below the limit, nothing dropped
+
+
 def test_arguments_written_as_a_json_string_are_unwrapped():
     text = START_TAG + json.dumps({"name": "f", "arguments": json.dumps({"q": "1"})}) + END_TAG
     _, streamed, finished = run([text])
