@@ -58,7 +58,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         redis = connect_redis(settings)
         hub = EventHub(redis, settings.redis_timeout_s)
         await hub.start()
-        limits = Limits(max_tokens=settings.max_tokens_cap, max_n=settings.max_n)
+        limits = Limits(max_tokens=settings.max_tokens_cap, max_n=settings.max_n, max_prompts=settings.max_prompts)
         try:
             admission = Admission(redis)
             yield {"services": Services(settings, redis, hub, gateway_metrics, limits, admission)}

@@ -19,7 +19,7 @@ class CompletionFormat:
         self._model = req.model
         self._include_usage = req.include_usage
         self._want_logprobs = req.logprobs is not None
-        self._text_offsets = [0] * req.n  # characters streamed so far, per choice
+        self._text_offsets = [0] * (req.n * len(req.prompts()))  # characters streamed so far, per choice
 
     def opening(self) -> list[Completion]:
         return []

@@ -40,6 +40,7 @@ class UnsupportedField(ValueError):
 class Limits:
     max_tokens: int  # largest max_tokens / max_completion_tokens accepted
     max_n: int
+    max_prompts: int = 64  # prompts in one completions request (each becomes a job)
 
 
 def limits_context(limits: Limits) -> dict[str, Limits]:
@@ -218,22 +219,30 @@ class CompletionRequest(_GenerationRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        """One prompt, as text or token ids, in any of OpenAI's four forms; a batch is refused."""
+    def _prompts(cls, value: Any, info: ValidationInfo) -> Any:
+        """Text or token ids, one prompt or a batch, in any of OpenAI's four forms."""
         if value == []:
             raise ValueError("the prompt is empty")
-        if isinstance(value, list) and isinstance(value[0], int):
-            value = [value]  # token ids: one prompt
-        if isinstance(value, list) and len(value) != 1:
-            raise UnsupportedField("prompt", f"a batch of {len(value)} prompts is not supported; send one per request")
-        prompt = value if isinstance(value, str) else value[0]
-        if isinstance(prompt, list) and not (prompt and all(token_id >= 0 for token_id in prompt)):
+        prompts = _prompt_list(value)
+        if any(isinstance(p, list) and not (p and all(token_id >= 0 for token_id in p)) for p in prompts):
             raise ValueError("token ids must be a non-empty list of non-negative integers")
+        limits = _limits(info)
+        if limits is not None and len(prompts) > limits.max_prompts:
+            raise ValueError(f"{len(prompts)} prompts exceed the limit of {limits.max_prompts} per request")
         return value
 
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text, or token ids to use as they are (no BOS added, as vLLM does)."""
+        return _prompt_list(self.prompt)
+
     def prompt_value(self) -> str | list[int]:
-        """The prompt: text, or token ids to use as they are (no BOS added, as vLLM does)."""
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]  # type: ignore[return-value]
+        """The one prompt of a request that has one (what a job's body always has)."""
+        (prompt,) = self.prompts()
+        return prompt
+
+    def for_prompt(self, index: int) -> CompletionRequest:
+        """This request for its `index`-th prompt alone: one job of a batch."""
+        return self.model_copy(update={"prompt": self.prompts()[index]})
 
     @field_validator("echo")
     @classmethod
@@ -258,6 +267,13 @@ class CompletionRequest(_GenerationRequest):
 
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
+
+
+def _prompt_list(prompt: Any) -> list[Any]:
+    """"text" -> ["text"]; [1, 2] -> [[1, 2]]; a list of texts or of id lists stays as it is."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt)
 
 
 def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) -> SamplingParams:

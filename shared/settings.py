@@ -55,6 +55,7 @@ class GatewaySettings(BaseSettings):
     max_tokens_cap: int = Field(8192, ge=1)  # ARBOR_MAX_TOKENS_CAP: largest max_tokens accepted
     default_max_tokens: int = Field(1024, ge=1)  # ARBOR_DEFAULT_MAX_TOKENS: when a request sets none
     max_n: int = Field(8, ge=1)  # ARBOR_MAX_N: largest n accepted
+    max_prompts: int = Field(64, ge=1)  # ARBOR_MAX_PROMPTS: prompts in one /v1/completions request
     redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
     event_poll_s: float = Field(1.0, gt=0)  # ARBOR_EVENT_POLL_S: silence before re-reading the log
     log_level: str = "info"  # ARBOR_LOG_LEVEL

@@ -105,6 +105,8 @@ def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: 
 
 def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]:
     if isinstance(request, CompletionRequest):
+        if len(request.prompts()) != 1:  # the gateway makes one job per prompt
+            raise JobRejected(f"a job holds one prompt, not {len(request.prompts())}", ErrorCode.INVALID_REQUEST)
         prompt = request.prompt_value()
         if isinstance(prompt, str):
             return served.encode_text(prompt)

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
+from gateway.batch import GenerationBatch
 from gateway.chat_format import ChatFormat
 from gateway.completion_format import CompletionFormat
 from gateway.delivery import ClientGone
@@ -60,9 +61,12 @@ async def _generate(request: Request, kind: JobKind) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     req = parse_request(kind, raw, svc.limits)
     await _admit(svc, req.model)
-    job = new_job(kind, req, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
-    fmt = _format(req, job.id, int(job.created))
-    gen = Generation(svc, job, req.n, disconnect_watch(request.scope), arrived)
+    jobs = [new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
+            for one in _one_request_per_prompt(req)]
+    fmt = _format(req, jobs[0].id, int(jobs[0].created))
+    watch = disconnect_watch(request.scope)
+    gens = [Generation(svc, job, req.n, watch, arrived) for job in jobs]
+    gen = gens[0] if len(gens) == 1 else GenerationBatch(gens, req.n)
     try:
         await gen.open()  # subscribed, then enqueued; closed by whichever reply follows
     except ClientGone:
@@ -89,6 +93,13 @@ async def _admit(svc: Services, model: str) -> None:
             await svc.admission.admit(model)
     except (RedisError, OSError, TimeoutError) as exc:
         raise errors.redis_unavailable(exc) from exc
+
+
+def _one_request_per_prompt(req: GenerationRequest) -> list[GenerationRequest]:
+    """A completions batch is one job per prompt; everything else is one job."""
+    if isinstance(req, CompletionRequest) and len(req.prompts()) > 1:
+        return [req.for_prompt(index) for index in range(len(req.prompts()))]
+    return [req]
 
 
 def _format(req: GenerationRequest, request_id: str, created: int) -> Format:
@@ -122,7 +133,7 @@ class GenerationStream(StreamingResponse):
     failed, cancelled, or before its first byte (a client gone while the headers went out, when
     the body iterator never starts and so could not close it)."""
 
-    def __init__(self, gen: Generation, body: AsyncIterator[bytes]) -> None:
+    def __init__(self, gen: Generation | GenerationBatch, body: AsyncIterator[bytes]) -> None:
         super().__init__(body, media_type=MEDIA_TYPE, headers=HEADERS)
         self._gen = gen
 
@@ -133,7 +144,7 @@ class GenerationStream(StreamingResponse):
             await self._gen.close()
 
 
-async def _stream(gen: Generation, fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(gen: Generation | GenerationBatch, fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
     """One write per batch of events (several when the stream fell behind); the last one carries the
     usage chunk and [DONE] too, so the client has its answer before the request's clean-up."""
     try:
@@ -151,7 +162,7 @@ async def _stream(gen: Generation, fmt: Format, include_usage: bool) -> AsyncIte
         yield sse_data(exc.error.body()) + DONE
 
 
-async def _whole(gen: Generation, fmt: Format) -> Response:
+async def _whole(gen: Generation | GenerationBatch, fmt: Format) -> Response:
     try:
         async for _ in gen.events():
             pass

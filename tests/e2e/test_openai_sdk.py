@@ -120,7 +120,23 @@ def test_a_completion_of_token_ids_continues_those_tokens(client: openai.OpenAI)
     assert ids.usage.prompt_tokens == 4  # the ids themselves: nothing added, nothing re-tokenized
     assert ids.usage.completion_tokens == 6 and ids.choices[0].text == again.choices[0].text
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=TINY_MODEL, prompt=[[1, 2], [3]], max_tokens=2)
+        client.completions.create(model=TINY_MODEL, prompt=[1, -2], max_tokens=2)
+
+
+def test_a_batch_of_prompts_answers_each_as_alone(client: openai.OpenAI) -> None:
+    prompts = ["Once upon a time", "Hello", "The weather today"]
+    alone = [client.completions.create(model=TINY_MODEL, prompt=p, max_tokens=5, temperature=0) for p in prompts]
+    batch = client.completions.create(model=TINY_MODEL, prompt=prompts, max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [r.choices[0].text for r in alone for _ in range(2)]
+    assert batch.usage.prompt_tokens == sum(r.usage.prompt_tokens for r in alone)
+    assert batch.usage.completion_tokens == 2 * sum(r.usage.completion_tokens for r in alone)
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(model=TINY_MODEL, prompt=prompts, max_tokens=5, temperature=0,
+                                           stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {i: r.choices[0].text for i, r in enumerate(alone)}
 
 
 def test_models_lists_every_served_model(client: openai.OpenAI) -> None:

@@ -58,6 +58,17 @@ def test_disconnect_mid_stream_cancels_the_job(
     _wait_for(lambda: peer.cancelled == [request_id])
 
 
+def test_disconnect_mid_stream_cancels_every_job_of_a_batch(gateway: GatewayServer, make_peer) -> None:
+    peer = make_peer(script=_first_then_wait)
+    body = {"model": MODEL, "prompt": ["a", "b", "c"], "stream": True}
+
+    with gateway.http().stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert '"first"' in next(lines)  # one prompt's first delta; leaving the block hangs up
+
+    _wait_for(lambda: len(peer.jobs) == 3 and sorted(peer.cancelled) == sorted(job.id for job in peer.jobs))
+
+
 def test_disconnect_while_waiting_non_streaming_cancels_the_job(
     gateway: GatewayServer, make_peer, redis_client: redis.Redis, control
 ) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
+import redis
 
+from shared import keys
 from shared.protocol import Job
 from tests.gateway.conftest import MODEL, GatewayServer
-from tests.gateway.protocol_peer import ProtocolPeer, Step, delta, final
+from tests.gateway.protocol_peer import ProtocolPeer, Step, WaitForCancel, delta, error, final
 
 WEATHER_TOOL = {
     "type": "function",
@@ -140,8 +143,8 @@ def test_completion_logprobs_use_the_legacy_shape(gateway: GatewayServer, make_p
         ({"echo": True}, "echo"),
         ({"suffix": "end"}, "suffix"),
         ({"best_of": 2}, "best_of"),
-        ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": ["a"] * 65}, "prompt"),  # over ARBOR_MAX_PROMPTS (64)
+        ({"prompt": [[1, 2], []]}, "prompt"),
     ],
 )
 def test_unsupported_completion_options_are_refused(
@@ -152,3 +155,85 @@ def test_unsupported_completion_options_are_refused(
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
     assert peer.jobs == []
+
+
+def _echo_script(job: Job) -> list[Step]:
+    """Each choice says which prompt and choice it is; the prompt's length is its token count."""
+    request = job.request()
+    prompt = request["prompt"]  # one text, or one list of token ids
+    name = prompt if isinstance(prompt, str) else str(prompt[0])
+    steps: list[Step] = []
+    for choice in range(request.get("n", 1)):
+        steps += [delta(f"{name}/{choice}", choice=choice, token_ids=[1]),
+                  final(choice=choice, prompt_tokens=len(prompt), completion_tokens=1)]
+    return steps
+
+
+def test_a_batch_of_prompts_is_one_job_each_and_one_reply(gateway: GatewayServer, make_peer) -> None:
+    peer = make_peer(script=_echo_script)
+    prompts = ["a", "bb", "ccc"]
+
+    reply = gateway.openai().completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=3)
+
+    # OpenAI's numbering: prompt by prompt, n choices each.
+    assert [(c.index, c.text) for c in reply.choices] == [
+        (0, "a/0"), (1, "a/1"), (2, "bb/0"), (3, "bb/1"), (4, "ccc/0"), (5, "ccc/1")]
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (1 + 2 + 3, 6)
+    assert sorted(json.loads(job.body)["prompt"] for job in peer.jobs) == prompts
+    assert peer.problems == []
+
+
+def test_a_streamed_batch_renumbers_every_chunk_and_ends_once(gateway: GatewayServer, make_peer) -> None:
+    make_peer(script=_echo_script)
+
+    chunks = list(gateway.openai().completions.create(
+        model=MODEL, prompt=[[5, 6], [7]], n=2, max_tokens=3, stream=True, stream_options={"include_usage": True}))
+
+    texts: dict[int, str] = {}
+    finishes = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] = texts.get(choice.index, "") + choice.text
+        if choice.finish_reason:
+            finishes[choice.index] = choice.finish_reason
+    assert texts == {0: "5/0", 1: "5/1", 2: "7/0", 3: "7/1"}  # the stand-in worker writes the first id
+    assert finishes == dict.fromkeys(range(4), "stop")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert len({chunk.id for chunk in chunks}) == 1
+
+
+def _one_fails_script(job: Job) -> list[Step]:
+    if job.request()["prompt"] == "bad":
+        return [error("the model broke")]
+    return [delta("slow", token_ids=[1]), WaitForCancel()]
+
+
+def test_a_failing_prompt_fails_the_batch_and_cancels_the_others(gateway: GatewayServer, make_peer) -> None:
+    peer = make_peer(script=_one_fails_script)
+
+    response = gateway.http().post("/v1/completions", json={"model": MODEL, "prompt": ["ok", "bad", "ok too"]})
+
+    assert response.status_code == 500 and response.json()["error"]["code"] == "internal_error"
+
+    def others() -> list[str]:  # the stand-in worker may read a job only after the batch failed
+        return sorted(job.id for job in peer.jobs if job.request()["prompt"] != "bad")
+
+    deadline = time.monotonic() + 10
+    while (len(others()) < 2 or sorted(peer.cancelled) != others()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(others()) == 2 and sorted(peer.cancelled) == others()
+
+
+def test_a_batch_the_queue_cannot_take_whole_is_429_and_leaves_no_job(
+    make_gateway, redis_client: redis.Redis, make_peer
+) -> None:
+    gateway = make_gateway(max_queue=2)
+    make_peer(consume=False)
+
+    response = gateway.http().post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b", "c"]})
+
+    assert response.status_code == 429
+    entries = redis_client.xrange(keys.request_stream(MODEL))
+    assert len(entries) == 2, "the first two prompts were queued before the third was refused"
+    queued = [Job.from_fields(fields).id for _, fields in entries]
+    assert sorted(key.split(":")[-1] for key in redis_client.keys(keys.cancel_key("*"))) == sorted(queued)

@@ -166,8 +166,7 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
         ({"echo": True}, "echo"),
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 3}, "best_of"),
-        ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": [[1, 2], [3]]}, "prompt"),
+        ({"prompt": ["a"] * 65}, "prompt"),  # over the deployment's max_prompts (64 by default)
         ({"prompt": []}, "prompt"),
         ({"prompt": [[]]}, "prompt"),
         ({"prompt": [5, -1]}, "prompt"),
@@ -184,6 +183,9 @@ def test_completion_prompt_forms() -> None:
     assert CompletionRequest(model="m", prompt=["b"], best_of=1, echo=False).prompt_value() == "b"
     assert CompletionRequest(model="m", prompt=[3, 1, 2]).prompt_value() == [3, 1, 2]
     assert CompletionRequest(model="m", prompt=[[3, 1]]).prompt_value() == [3, 1]
+    batch = CompletionRequest.model_validate({"model": "m", "prompt": ["a", "b"], "n": 2}, context=LIMITS)
+    assert batch.prompts() == ["a", "b"] and batch.for_prompt(1).prompt_value() == "b" and batch.for_prompt(1).n == 2
+    assert CompletionRequest(model="m", prompt=[[3, 1], [2]]).prompts() == [[3, 1], [2]]
 
 
 def test_limits_are_not_rechecked_without_a_context() -> None:

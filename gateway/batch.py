@@ -1,0 +1,98 @@
+"""A completions request with several prompts: one `Generation` (one job) per prompt, read as one.
+
+OpenAI numbers a batch's choices prompt by prompt: with prompts P0, P1 and n=2, choices 0 and 1
+belong to P0 and choices 2 and 3 to P1. Each prompt's job is an ordinary single-prompt job (its
+choices 0..n-1), so workers know nothing of batches; this renumbers its events. The jobs run
+side by side, on one worker or several, and their events go out as they arrive.
+
+It answers to what the routes use of a `Generation` (open, close, batches, events, finished,
+outcome), so a request with one prompt goes the plain way, at no cost for the merging.
+Any prompt's failure fails the whole request, and `close()` cancels whatever is unfinished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from gateway.accumulate import ChoiceState
+from gateway.generation import Generation
+from gateway.openai_responses import UsageInfo
+from shared.protocol import DeltaEvent, FinalEvent
+
+
+class BatchOutcome:
+    """The prompts' outcomes as one: choices prompt by prompt, usage summed (prompts differ)."""
+
+    def __init__(self, generations: list[Generation]) -> None:
+        self._generations = generations
+
+    @property
+    def choices(self) -> list[ChoiceState]:
+        return [state for gen in self._generations for state in gen.outcome.choices]
+
+    def usage(self) -> UsageInfo:
+        usages = [gen.outcome.usage() for gen in self._generations]
+        prompt = sum(usage.prompt_tokens for usage in usages)
+        completion = sum(usage.completion_tokens for usage in usages)
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class GenerationBatch:
+    def __init__(self, generations: list[Generation], num_choices: int) -> None:
+        self._generations = generations
+        self._num_choices = num_choices  # per prompt: n
+        self.outcome = BatchOutcome(generations)
+        self.finished = False
+
+    async def open(self) -> None:
+        """Every prompt's job subscribed and enqueued, or none: a failure (say, a full queue for the
+        third prompt) closes, and so cancels, the ones already open, then raises as `Generation.open`."""
+        opened: list[Generation] = []
+        try:
+            for gen in self._generations:
+                await gen.open()
+                opened.append(gen)
+        except BaseException:
+            for gen in opened:
+                await gen.close()
+            raise
+
+    async def close(self) -> None:
+        for gen in self._generations:
+            await gen.close()
+
+    async def events(self) -> AsyncIterator[DeltaEvent | FinalEvent]:
+        async for batch in self.batches():
+            for event in batch:
+                yield event
+
+    async def batches(self) -> AsyncIterator[list[DeltaEvent | FinalEvent]]:
+        """Whatever any prompt's job has sent, renumbered, as soon as it is here; `finished` is True
+        when the last batch is handed out. Raises the first failure of any prompt."""
+        streams = [gen.batches() for gen in self._generations]
+        waiting = {asyncio.ensure_future(anext(stream)): index for index, stream in enumerate(streams)}
+        try:
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                merged: list[DeltaEvent | FinalEvent] = []
+                for task in sorted(done, key=waiting.__getitem__):  # prompt order among simultaneous ones
+                    index = waiting.pop(task)
+                    try:
+                        batch = task.result()
+                    except StopAsyncIteration:
+                        continue  # that prompt is done
+                    merged += [self._renumbered(index, event) for event in batch]
+                    waiting[asyncio.ensure_future(anext(streams[index]))] = index
+                self.finished = all(gen.finished for gen in self._generations)
+                if merged:
+                    yield merged
+        finally:
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for stream in streams:
+                await stream.aclose()
+
+    def _renumbered(self, index: int, event: DeltaEvent | FinalEvent) -> DeltaEvent | FinalEvent:
+        return event.model_copy(update={"choice": index * self._num_choices + event.choice})
