@@ -91,6 +91,7 @@ class _GenerationRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is kept
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 

@@ -45,6 +45,7 @@ class ReasoningOptions:
 @dataclass(slots=True, frozen=True)
 class OutputOptions:
     stop: tuple[str, ...] = ()
+    include_stop: bool = False  # include_stop_str_in_output: the stop string ends the text, included
     reasoning: ReasoningOptions | None = None
     parse_tool_calls: bool = False
     single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
@@ -70,7 +71,7 @@ class LaneDelta:
 class LaneOutput:
     def __init__(self, tokenizer: tokenizers.Tokenizer, options: OutputOptions, prompt_ids: Sequence[int]):
         self.options = options
-        self._text = TextOutput(tokenizer, list(options.stop), prompt_ids)
+        self._text = TextOutput(tokenizer, list(options.stop), prompt_ids, options.include_stop)
         reasoning = options.reasoning
         self._reasoning = (ReasoningParser(reasoning.start_tag, reasoning.end_tag, reasoning.starts_in_reasoning)
                            if reasoning is not None else None)

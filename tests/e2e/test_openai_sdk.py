@@ -79,6 +79,16 @@ def test_chat_completion_returns_the_scripted_answer(client: openai.OpenAI) -> N
     assert usage.prompt_tokens > 0 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
+def test_a_stop_string_ends_the_text_and_is_kept_only_when_asked(client: openai.OpenAI) -> None:
+    def content(**kwargs) -> str:
+        return client.chat.completions.create(model=SCRIPTED_MODEL, messages=[USER], stop=["scripted"],
+                                              **kwargs).choices[0].message.content
+
+    cut = PLAIN.text.index("scripted")
+    assert content() == PLAIN.text[:cut]
+    assert content(extra_body={"include_stop_str_in_output": True}) == PLAIN.text[: cut + len("scripted")]
+
+
 def test_streamed_chat_yields_the_same_text_in_chunks(client: openai.OpenAI) -> None:
     content, calls, finish_reason, chunks = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER])
     assert (content, calls, finish_reason) == (PLAIN.text, [], "stop")

@@ -91,6 +91,10 @@ def test_a_completion_encodes_the_raw_prompt_and_asks_for_logprobs(base):
                    kind="completion")
     assert spec.prompt_ids == base.encode_text("The quick brown fox")
     assert spec.output.num_logprobs == 3 and spec.output.stop == ("dog",) and spec.output.reasoning is None
+    assert not spec.output.include_stop
+    kept = spec_of(base, {"model": "tiny", "prompt": "x", "stop": "dog", "include_stop_str_in_output": True},
+                   kind="completion")
+    assert kept.output.include_stop
     assert spec.params.max_tokens == base.runner.max_context - len(spec.prompt_ids)  # silent: the rest of the context
 
 

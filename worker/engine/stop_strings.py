@@ -7,7 +7,7 @@ character, the one that started first (the longest) wins. Generation stops the m
 string appears, so a longer one that would have completed later never gets the chance.
 
 Example, stop ["</answer>"]: feed("42</an") -> ("42", False) holding "</an";
-feed("swer> junk") -> ("", True); the output is "42".
+feed("swer> junk") -> ("", True); the output is "42" ("42</answer>" with `include_stop`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], include_stop: bool = False) -> None:
         for index, text in enumerate(stop):
             if not text:
                 raise ValueError(f"stop[{index}]={text!r} must not be empty")
@@ -25,6 +25,7 @@ class StopStringMatcher:
         self._prefixes = frozenset(text[:end] for text in self._stops for end in range(1, len(text)))
         self._max_held = max((len(text) - 1 for text in self._stops), default=0)
         self._held = ""
+        self._include_stop = include_stop  # vLLM's include_stop_str_in_output: cut after it, not before
         self.stopped = False
 
     def feed(self, text: str) -> tuple[str, bool]:
@@ -32,10 +33,11 @@ class StopStringMatcher:
         if self.stopped:
             return "", True
         buffer = self._held + text
-        cut = self._first_completed_stop(buffer)
-        if cut is not None:
+        found = self._first_completed_stop(buffer)
+        if found is not None:
             self._held, self.stopped = "", True
-            return buffer[:cut], True
+            start, end = found
+            return buffer[: end if self._include_stop else start], True
         num_held = self._num_to_hold(buffer)
         self._held = buffer[len(buffer) - num_held :]
         return buffer[: len(buffer) - num_held], False
@@ -45,14 +47,14 @@ class StopStringMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _first_completed_stop(self, buffer: str) -> int | None:
-        """Start of the stop string that ends first in `buffer` (earliest start on a tie)."""
+    def _first_completed_stop(self, buffer: str) -> tuple[int, int] | None:
+        """(start, end) of the stop string that ends first in `buffer` (earliest start on a tie)."""
         best: tuple[int, int] | None = None  # (end, start)
         for stop in self._stops:
             start = buffer.find(stop)
             if start >= 0 and (best is None or (start + len(stop), start) < best):
                 best = (start + len(stop), start)
-        return None if best is None else best[1]
+        return None if best is None else (best[1], best[0])
 
     def _num_to_hold(self, buffer: str) -> int:
         for length in range(min(self._max_held, len(buffer)), 0, -1):

@@ -11,9 +11,10 @@ from worker.engine.stop_strings import StopStringMatcher
 
 
 class TextOutput:
-    def __init__(self, tokenizer: tokenizers.Tokenizer, stop: Sequence[str], prompt_ids: Sequence[int] = ()):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, stop: Sequence[str], prompt_ids: Sequence[int] = (),
+                 include_stop: bool = False):
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
-        self._stops = StopStringMatcher(stop)
+        self._stops = StopStringMatcher(stop, include_stop)
         self.stopped = False  # a stop string was hit: the caller finishes the sequence
 
     def add(self, token_ids: Sequence[int]) -> str:

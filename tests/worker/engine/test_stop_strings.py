@@ -10,17 +10,17 @@ from tests.support.fuzz import fuzz_examples
 from worker.engine.stop_strings import StopStringMatcher
 
 
-def _reference(text: str, stops: list[str]) -> tuple[str, bool]:
+def _reference(text: str, stops: list[str], include_stop: bool = False) -> tuple[str, bool]:
     """Read `text` one character at a time; stop at the first stop string to complete."""
     for end in range(1, len(text) + 1):
         starts = [end - len(stop) for stop in stops if text[:end].endswith(stop)]
         if starts:
-            return text[: min(starts)], True
+            return text[: end if include_stop else min(starts)], True
     return text, False
 
 
-def _stream(stops: list[str], chunks: list[str]) -> tuple[str, bool]:
-    matcher = StopStringMatcher(stops)
+def _stream(stops: list[str], chunks: list[str], include_stop: bool = False) -> tuple[str, bool]:
+    matcher = StopStringMatcher(stops, include_stop)
     emitted, hit = [], False
     for chunk in chunks:
         text, hit = matcher.feed(chunk)
@@ -90,6 +90,22 @@ def test_any_chunking_matches_the_single_shot_result(case: tuple[list[str], str,
     stops, text, chunks = case
     assert _stream(stops, chunks) == _reference(text, stops)
     assert _stream(stops, [text]) == _reference(text, stops)
+
+
+def test_include_stop_keeps_the_stop_string_and_nothing_after_it() -> None:
+    matcher = StopStringMatcher(["</answer>"], include_stop=True)
+    assert matcher.feed("42</an") == ("42", False)
+    assert matcher.feed("swer> junk") == ("</answer>", True)
+    assert _stream(["abcd", "c"], ["abcd"], include_stop=True) == ("abc", True)
+
+
+@settings(max_examples=fuzz_examples(300), deadline=None)
+@given(text_and_chunks())
+def test_any_chunking_matches_the_single_shot_result_with_the_stop_included(
+    case: tuple[list[str], str, list[str]],
+) -> None:
+    stops, text, chunks = case
+    assert _stream(stops, chunks, include_stop=True) == _reference(text, stops, include_stop=True)
 
 
 @settings(max_examples=fuzz_examples(200), deadline=None)
