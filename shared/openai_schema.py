@@ -218,6 +218,18 @@ class CompletionRequest(_GenerationRequest):
     best_of: int | None = None
     logprobs: int | None = Field(None, ge=0, le=20)  # legacy: how many top logprobs per token
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_of_four_forms(cls, value: Any) -> Any:
+        """One error for a prompt of the wrong shape, not one per member of the union."""
+        def ids(item: Any) -> bool:
+            return isinstance(item, list) and all(type(token_id) is int for token_id in item)
+
+        if isinstance(value, str) or ids(value) or (isinstance(value, list) and (
+                all(isinstance(item, str) for item in value) or all(ids(item) for item in value))):
+            return value
+        raise ValueError("must be a string, a list of strings, a list of token ids, or a list of lists of token ids")
+
     @field_validator("prompt")
     @classmethod
     def _prompts(cls, value: Any, info: ValidationInfo) -> Any:

@@ -178,6 +178,14 @@ def test_refused_completion_fields_are_named(fields: dict, param: str) -> None:
     assert refused(CompletionRequest, **fields)[0] == param
 
 
+@pytest.mark.parametrize("prompt", [["a", [1]], 5, [1.5], [["a"]], [True], [[1, "x"]], {"a": 1}])
+def test_a_prompt_of_the_wrong_shape_is_one_error(prompt) -> None:
+    with pytest.raises(ValidationError) as caught:
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("prompt",) and "list of token ids" in error["msg"]
+
+
 def test_completion_prompt_forms() -> None:
     assert CompletionRequest(model="m", prompt="a").prompt_value() == "a"
     assert CompletionRequest(model="m", prompt=["b"], best_of=1, echo=False).prompt_value() == "b"
