@@ -41,7 +41,7 @@ def reference(served: ServingModel, body: dict, kind: str = "chat"):
         prompt_ids = served.encode_chat([m.model_dump(exclude_none=True) for m in request.messages])
     else:
         request = CompletionRequest.model_validate(body)
-        prompt_ids = served.encode_text(request.prompt_text())
+        prompt_ids = served.encode_text(request.prompt_value())
     return prompt_ids, generate(served.runner, served.tokenizer, prompt_ids, to_sampling_params(request))
 
 
