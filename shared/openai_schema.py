@@ -92,6 +92,7 @@ class _GenerationRequest(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is kept
+    min_tokens: int | None = Field(None, ge=0)  # vLLM's: tokens before EOS, stop tokens or stop strings may end it
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
@@ -135,6 +136,13 @@ class _GenerationRequest(BaseModel):
     def _stream_options_need_stream(self) -> _GenerationRequest:
         if self.stream_options is not None and not self.stream:
             raise UnsupportedField("stream_options", "is only allowed when stream is true")
+        return self
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max(self) -> _GenerationRequest:
+        max_tokens = self.requested_max_tokens()
+        if self.min_tokens and max_tokens is not None and self.min_tokens > max_tokens:
+            raise UnsupportedField("min_tokens", f"{self.min_tokens} is more than max_tokens ({max_tokens})")
         return self
 
     @property
@@ -292,8 +300,9 @@ def _prompt_list(prompt: Any) -> list[Any]:
 def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) -> SamplingParams:
     """The sampler's view of a request; OpenAI defaults where the request is silent."""
     top_k = req.top_k or 0
+    max_tokens = req.requested_max_tokens() or default_max_tokens
     return SamplingParams(
-        max_tokens=req.requested_max_tokens() or default_max_tokens,
+        max_tokens=max_tokens,
         temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=max(top_k, 0),
@@ -306,6 +315,8 @@ def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) ->
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
         logit_bias={int(token_id): bias for token_id, bias in (req.logit_bias or {}).items()},
+        # Checked against an explicit max_tokens above; a defaulted one just caps it.
+        min_tokens=min(req.min_tokens or 0, max_tokens),
     )
 
 

@@ -22,6 +22,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, OpenAI's range
+    min_tokens: int = 0  # vLLM's: no EOS or stop token, and no stop string, before this many tokens
 
     @property
     def greedy(self) -> bool:
@@ -36,6 +37,7 @@ class SamplingParams:
         _check(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty, "must be > 0")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty, "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
+        _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "must be in [0, max_tokens]")
         for token_id, bias in self.logit_bias.items():
             _check(token_id >= 0, "logit_bias", token_id, "is not a token id")
             _check(-LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT, f"logit_bias[{token_id}]", bias,

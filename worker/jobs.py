@@ -124,12 +124,13 @@ def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]
 
 def output_options(request: GenerationRequest, served: ServingModel, prompt_ids: list[int],
                    params: SamplingParams) -> OutputOptions:
-    stop, include_stop = tuple(params.stop), request.include_stop_str_in_output
+    stops = {"stop": tuple(params.stop), "include_stop": request.include_stop_str_in_output,
+             "min_tokens": params.min_tokens}
     if isinstance(request, CompletionRequest):
-        return OutputOptions(stop=stop, include_stop=include_stop, num_logprobs=request.logprobs)
+        return OutputOptions(**stops, num_logprobs=request.logprobs)
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     parse_tool_calls = _tools(request) is not None
-    return OutputOptions(stop=stop, include_stop=include_stop, reasoning=_reasoning(request, served, prompt_ids),
+    return OutputOptions(**stops, reasoning=_reasoning(request, served, prompt_ids),
                          parse_tool_calls=parse_tool_calls,
                          single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
                          num_logprobs=num_logprobs)

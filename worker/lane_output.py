@@ -46,6 +46,7 @@ class ReasoningOptions:
 class OutputOptions:
     stop: tuple[str, ...] = ()
     include_stop: bool = False  # include_stop_str_in_output: the stop string ends the text, included
+    min_tokens: int = 0  # stop strings are looked for only after this many tokens (vLLM's min_tokens)
     reasoning: ReasoningOptions | None = None
     parse_tool_calls: bool = False
     single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
@@ -71,7 +72,7 @@ class LaneDelta:
 class LaneOutput:
     def __init__(self, tokenizer: tokenizers.Tokenizer, options: OutputOptions, prompt_ids: Sequence[int]):
         self.options = options
-        self._text = TextOutput(tokenizer, list(options.stop), prompt_ids, options.include_stop)
+        self._text = TextOutput(tokenizer, list(options.stop), prompt_ids, options.include_stop, options.min_tokens)
         reasoning = options.reasoning
         self._reasoning = (ReasoningParser(reasoning.start_tag, reasoning.end_tag, reasoning.starts_in_reasoning)
                            if reasoning is not None else None)

@@ -89,6 +89,14 @@ def test_a_stop_string_ends_the_text_and_is_kept_only_when_asked(client: openai.
     assert content(extra_body={"include_stop_str_in_output": True}) == PLAIN.text[: cut + len("scripted")]
 
 
+def test_min_tokens_holds_the_end_of_sequence_back(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(model=SCRIPTED_MODEL, messages=[USER], max_tokens=8,
+                                              extra_body={"min_tokens": 6})
+    (choice,) = response.choices
+    assert response.usage.completion_tokens >= 6  # the script alone ends after len(PLAIN.pieces) + 1
+    assert len(PLAIN.pieces) + 1 < 6 and choice.message.content.startswith(PLAIN.text)
+
+
 def test_streamed_chat_yields_the_same_text_in_chunks(client: openai.OpenAI) -> None:
     content, calls, finish_reason, chunks = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER])
     assert (content, calls, finish_reason) == (PLAIN.text, [], "stop")

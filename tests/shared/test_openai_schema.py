@@ -109,6 +109,12 @@ def test_defaults_follow_openai() -> None:
     assert params.max_tokens == 77 and params.stop == [] and not params.greedy
 
 
+def test_min_tokens_reaches_the_sampler_and_a_defaulted_max_tokens_caps_it() -> None:
+    assert to_sampling_params(chat(min_tokens=5, max_tokens=10)).min_tokens == 5
+    assert to_sampling_params(chat(min_tokens=50), default_max_tokens=20).min_tokens == 20
+    assert to_sampling_params(chat()).min_tokens == 0
+
+
 def test_integers_are_fine_where_floats_are_expected() -> None:
     assert to_sampling_params(chat(temperature=1, top_p=1)).temperature == 1.0
 
@@ -152,6 +158,8 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"metadata": {"k": 1}}, "metadata.k"),
+        ({"min_tokens": 11, "max_tokens": 10}, "min_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool.tool_call_id"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0"),
     ],

@@ -1,6 +1,8 @@
 """Raw logits -> the target's processed distribution, and one token drawn from it.
 
 Processing follows vLLM's v1 sampler, in its order:
+  0. min tokens (vLLM's `min_tokens`): a row that has generated fewer cannot pick a stop id (EOS
+     unless ignore_eos, stop_token_ids): their logits become -inf;
   1. logit bias (OpenAI's `logit_bias`): each listed token's bias added to its raw logit;
   2. penalties: repetition (HF semantics: over prompt and generated tokens, a positive logit is
      divided by the penalty, a negative one multiplied), then frequency and presence (OpenAI
@@ -20,7 +22,7 @@ speculation mode.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,7 @@ def process_logits(
     params: SamplingParams,
     prompt_ids: Sequence[int] | torch.Tensor,
     output_ids: Sequence[Sequence[int]],
+    stop_ids: Collection[int] = (),  # the sequence's: what min_tokens holds back
 ) -> torch.Tensor:  # [N, V]
     """Row i has generated `output_ids[i]` after the shared prompt (rows are tree nodes or lanes).
 
@@ -47,6 +50,7 @@ def process_logits(
     """
     assert logits.dim() == 2 and logits.shape[0] == len(output_ids), (tuple(logits.shape), len(output_ids))
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    _apply_min_tokens(logits, params.min_tokens, output_ids, stop_ids)
     _apply_logit_bias(logits, params.logit_bias)
     _apply_penalties(logits, params, prompt_ids, output_ids)
     if params.greedy:
@@ -106,6 +110,16 @@ def changes_greedy_choice(params: SamplingParams) -> bool:
     argmax (masks and temperature cannot; bias and penalties can)."""
     return bool(params.logit_bias) or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 \
         or params.frequency_penalty != 0.0
+
+
+def _apply_min_tokens(logits: torch.Tensor, min_tokens: int, output_ids: Sequence[Sequence[int]],
+                      stop_ids: Collection[int]) -> None:  # logits [N, V], in place
+    short = [row for row, ids in enumerate(output_ids) if len(ids) < min_tokens]
+    if not short or not stop_ids:
+        return
+    ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=logits.device)  # [S]
+    rows = torch.tensor(short, dtype=torch.long, device=logits.device)  # [R]
+    logits[rows.unsqueeze(1), ids.unsqueeze(0)] = float("-inf")
 
 
 def _apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> None:  # logits [N, V], in place

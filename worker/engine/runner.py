@@ -59,8 +59,9 @@ class ModelRunner:
         """A new sequence; `resumed_ids` are tokens already emitted for it (by a worker that died)."""
         self.check_fits(len(prompt_ids), params.max_tokens)
         capacity = len(prompt_ids) + params.max_tokens + self.max_draft_nodes + 1
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         sequence = Sequence(request_id, list(prompt_ids), params, self.decoder.new_cache(capacity),
-                            make_generator(params.seed), output_ids=list(resumed_ids))
+                            make_generator(params.seed), output_ids=list(resumed_ids), stop_ids=stop_ids)
         if self.drafter is not None:
             sequence.drafter_state = self.drafter.start(sequence)
         self._finish_if_done(sequence)
@@ -155,9 +156,8 @@ class ModelRunner:
     def _truncate(self, sequence: Sequence, emitted: list[int]) -> list[int]:
         """Cut at the first end-of-sequence token and at max_tokens; set the finish reason."""
         params = sequence.params
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
         for i, token in enumerate(emitted):
-            if token in stop_ids:
+            if token in sequence.stop_ids:
                 emitted = emitted[: i + 1]
                 sequence.finish_reason = "stop"
                 break
@@ -171,5 +171,5 @@ class ModelRunner:
     def _finish_if_done(self, sequence: Sequence) -> None:
         if len(sequence.output_ids) >= sequence.params.max_tokens:
             sequence.finish_reason = "length"
-        elif sequence.output_ids and sequence.output_ids[-1] in self.eos_token_ids | set(sequence.params.stop_token_ids):
+        elif sequence.output_ids and sequence.output_ids[-1] in sequence.stop_ids:
             sequence.finish_reason = "stop"

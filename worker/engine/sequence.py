@@ -28,6 +28,7 @@ class Sequence:
     drafter_state: Any = None
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop", "length"; set by the runner or the text pipeline
+    stop_ids: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignore_eos) and stop_token_ids
 
     @property
     def token_ids(self) -> list[int]:

@@ -39,14 +39,15 @@ def tree_inputs(sequence: Sequence, tree: DraftTree) -> tuple[torch.Tensor, torc
 def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """logits: [1+n, vocab], row 0 after the root, row i+1 after node i."""
     params = sequence.params
-    if params.greedy and not changes_greedy_choice(params):
+    # Past min_tokens (every node's history is longer still), a greedy row's token is its argmax.
+    if params.greedy and not changes_greedy_choice(params) and len(sequence.output_ids) >= params.min_tokens:
         targets = logits.argmax(dim=-1).tolist()  # one pass for every row
         accepted, emitted = walk(tree, lambda node: targets[node + 1])
         return Verdict(accepted, emitted)
 
     def next_token_at(node: int) -> int:
         history = sequence.output_ids + [tree.tokens[i] for i in tree.path_to(node)] if node != ROOT else sequence.output_ids
-        row = process_logits(logits[node + 1 : node + 2], params, sequence.prompt_ids, [history])[0]
+        row = process_logits(logits[node + 1 : node + 2], params, sequence.prompt_ids, [history], sequence.stop_ids)[0]
         return greedy_token(row) if params.greedy else sample_from(row, sequence.generator)
 
     accepted, emitted = walk(tree, next_token_at)

@@ -109,6 +109,15 @@ def test_logit_bias_matches_transformers_sequence_bias_for_single_tokens() -> No
     torch.testing.assert_close(out, hf(torch.tensor([[1, 2, 5], [1, 2, 5]]), logits.clone()))
 
 
+def test_min_tokens_bans_the_stop_ids_of_rows_that_have_not_reached_it() -> None:
+    params = SamplingParams(min_tokens=2)
+    logits = torch.tensor([[1.0, 5.0, 2.0], [1.0, 5.0, 2.0], [1.0, 5.0, 2.0]])
+    out = process_logits(logits, params, prompt_ids=[], output_ids=[[], [0], [0, 2]], stop_ids={1})
+    assert out[:, 1].tolist() == [-math.inf, -math.inf, 5.0] and out[:, [0, 2]].tolist() == [[1.0, 2.0]] * 3
+    assert greedy_token(out[0]) == 2 and greedy_token(out[2]) == 1
+    assert process_logits(logits[:1], params, [], [[]]).tolist() == [logits[0].tolist()]  # no stop ids: nothing to ban
+
+
 def test_greedy_applies_penalties_but_no_masks() -> None:
     params = SamplingParams(temperature=0.0, presence_penalty=0.5, top_k=1, top_p=0.1, min_p=0.9)
     out = process_logits(_logits([3.0, 2.75, 0.0]), params, prompt_ids=[], output_ids=[[0]])

@@ -114,3 +114,20 @@ def test_emitted_text_never_contains_a_stop_string(case: tuple[list[str], str, l
     stops, _, chunks = case
     emitted, _ = _stream(stops, chunks)
     assert not any(stop in emitted for stop in stops)
+
+
+def test_within_min_tokens_a_stop_string_does_not_end_the_text() -> None:
+    from tests.support.tiny_models import train_tokenizer
+    from worker.engine.text_output import TextOutput
+
+    tokenizer = train_tokenizer()
+    ids = tokenizer.encode("the cat sat on the mat and the cat ran", add_special_tokens=False).ids
+    first_cat = next(i for i in range(len(ids)) if "cat" in tokenizer.decode(ids[: i + 1]))
+
+    def text(min_tokens: int) -> str:
+        output = TextOutput(tokenizer, ["cat"], min_tokens=min_tokens)
+        pieces = [output.add([token]) for token in ids]
+        return "".join(pieces) + output.finish()
+
+    assert text(0) == "the "
+    assert text(first_cat + 1) == "the cat sat on the mat and the "  # the first "cat" came within min_tokens

@@ -140,6 +140,26 @@ def test_greedy_with_logit_bias_equals_plain_decoding(family, mode):
     assert_same_tokens(expected, outputs(family, mode, "biased", 4)[0], mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_min_tokens_holds_the_stop_tokens_back_and_speculation_still_equals_plain_decoding(mode):
+    """Plain greedy decoding's own tokens become stop ids: without min_tokens every prompt ends at
+    its first token; with it, none ends before min_tokens, and every mode emits the same tokens."""
+    family = FAMILIES[0]
+    expected, _ = outputs(family, "none", "greedy", 4)
+    stops = sorted({tokens[0] for tokens in expected} | {tokens[5] for tokens in expected})
+    prompts = make_prompts(loaded(family).config.vocab_size, 4, seed=FAMILIES.index(family))
+    stats = SpecStats()
+
+    def run(runner_mode: str, min_tokens: int) -> list[list[int]]:
+        params = SamplingParams(max_tokens=24, stop_token_ids=stops, min_tokens=min_tokens)
+        return [decode(runner_for(family, runner_mode), prompt, params, stats) for prompt in prompts]
+
+    assert all(len(tokens) == 1 for tokens in run("none", 0))
+    held = run("none", 12)
+    assert all(len(tokens) > 12 and not set(tokens[:12]) & set(stops) for tokens in held)
+    assert_same_tokens(held, run(mode, 12), mode)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES[1:])
 @pytest.mark.parametrize("family", FAMILIES)
