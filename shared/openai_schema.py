@@ -221,7 +221,7 @@ class ChatCompletionRequest(_GenerationRequest):
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    echo: bool = False  # each choice's text starts with its prompt's text
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = Field(None, ge=0, le=20)  # legacy: how many top logprobs per token
@@ -265,12 +265,11 @@ class CompletionRequest(_GenerationRequest):
         """This request for its `index`-th prompt alone: one job of a batch."""
         return self.model_copy(update={"prompt": self.prompts()[index]})
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise UnsupportedField("echo", "true is not supported")
-        return value
+    @model_validator(mode="after")
+    def _echo_without_prompt_logprobs(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise UnsupportedField("echo", "with logprobs is not supported (it needs the prompt's logprobs)")
+        return self
 
     @field_validator("suffix")
     @classmethod

@@ -127,13 +127,20 @@ def output_options(request: GenerationRequest, served: ServingModel, prompt_ids:
     stops = {"stop": tuple(params.stop), "include_stop": request.include_stop_str_in_output,
              "min_tokens": params.min_tokens}
     if isinstance(request, CompletionRequest):
-        return OutputOptions(**stops, num_logprobs=request.logprobs)
+        echo = _prompt_text(request, served) if request.echo else ""
+        return OutputOptions(**stops, num_logprobs=request.logprobs, echo=echo)
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     parse_tool_calls = _tools(request) is not None
     return OutputOptions(**stops, reasoning=_reasoning(request, served, prompt_ids),
                          parse_tool_calls=parse_tool_calls,
                          single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
                          num_logprobs=num_logprobs)
+
+
+def _prompt_text(request: CompletionRequest, served: ServingModel) -> str:
+    """The prompt as text: as sent, or its token ids decoded (special tokens kept, as given)."""
+    prompt = request.prompt_value()
+    return prompt if isinstance(prompt, str) else served.tokenizer.decode(prompt, skip_special_tokens=False)
 
 
 def _reasoning(request: ChatCompletionRequest, served: ServingModel, prompt_ids: list[int]) -> ReasoningOptions | None:

@@ -47,6 +47,7 @@ class OutputOptions:
     stop: tuple[str, ...] = ()
     include_stop: bool = False  # include_stop_str_in_output: the stop string ends the text, included
     min_tokens: int = 0  # stop strings are looked for only after this many tokens (vLLM's min_tokens)
+    echo: str = ""  # completions' echo: the prompt's text, before the first output
     reasoning: ReasoningOptions | None = None
     parse_tool_calls: bool = False
     single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
@@ -80,6 +81,7 @@ class LaneOutput:
         self._tools = ToolCallParser(max_calls=max_calls) if options.parse_tool_calls else None
         self.num_reasoning_tokens = 0
         self._forced = False
+        self._echo = options.echo  # goes out with the first delta (dropped with it when replayed)
 
     @property
     def stopped(self) -> bool:
@@ -97,7 +99,8 @@ class LaneOutput:
 
     def add(self, token_ids: Sequence[int]) -> LaneDelta:
         if self._reasoning is None and self._tools is None:  # plain text: no parser's delta per token
-            return LaneDelta(text="".join([self._text.add((token,)) for token in token_ids]))
+            echo, self._echo = (self._echo, "") if token_ids else ("", self._echo)
+            return LaneDelta(text=echo + "".join([self._text.add((token,)) for token in token_ids]))
         delta = LaneDelta()
         for token in token_ids:
             if self._call_made_alone:

@@ -141,6 +141,22 @@ def test_a_completion_of_token_ids_continues_those_tokens(client: openai.OpenAI)
         client.completions.create(model=TINY_MODEL, prompt=[1, -2], max_tokens=2)
 
 
+def test_echo_starts_each_choice_with_its_prompt(client: openai.OpenAI) -> None:
+    plain = client.completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0)
+    echoed = client.completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0,
+                                       echo=True, n=2)
+    assert [c.text for c in echoed.choices] == ["Once upon a time" + plain.choices[0].text] * 2
+    assert echoed.usage.completion_tokens == 2 * plain.usage.completion_tokens
+    chunks = list(client.completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5,
+                                            temperature=0, echo=True, stream=True))
+    assert chunks[0].choices[0].text.startswith("Once upon a time")
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed.choices[0].text
+    ids = client.completions.create(model=TINY_MODEL, prompt=[1, 2, 3], max_tokens=2, temperature=0, echo=True)
+    alone = client.completions.create(model=TINY_MODEL, prompt=[1, 2, 3], max_tokens=2, temperature=0)
+    (with_echo,), (without,) = ids.choices, alone.choices
+    assert with_echo.text.endswith(without.text) and len(with_echo.text) > len(without.text)
+
+
 def test_a_batch_of_prompts_answers_each_as_alone(client: openai.OpenAI) -> None:
     prompts = ["Once upon a time", "Hello", "The weather today"]
     alone = [client.completions.create(model=TINY_MODEL, prompt=p, max_tokens=5, temperature=0) for p in prompts]

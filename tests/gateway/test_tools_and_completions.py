@@ -140,7 +140,7 @@ def test_completion_logprobs_use_the_legacy_shape(gateway: GatewayServer, make_p
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"echo": True}, "echo"),
+        ({"echo": True, "logprobs": 0}, "echo"),
         ({"suffix": "end"}, "suffix"),
         ({"best_of": 2}, "best_of"),
         ({"prompt": ["a"] * 65}, "prompt"),  # over ARBOR_MAX_PROMPTS (64)

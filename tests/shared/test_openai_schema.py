@@ -171,7 +171,7 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"echo": True}, "echo"),
+        ({"echo": True, "logprobs": 1}, "echo"),
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 3}, "best_of"),
         ({"prompt": ["a"] * 65}, "prompt"),  # over the deployment's max_prompts (64 by default)

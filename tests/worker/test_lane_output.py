@@ -118,6 +118,17 @@ def test_a_single_call_lane_stops_when_its_first_call_closes(tokenizer, in_one_s
     assert not unlimited.stopped
 
 
+def test_echo_goes_out_once_before_the_first_output_and_is_dropped_with_a_replay(tokenizer):
+    token_ids = ids_of(tokenizer, " jumps over the dog")
+    output = LaneOutput(tokenizer, OutputOptions(echo="The fox"), [])
+    assert output.add([]).text == ""  # a resumed lane with nothing emitted yet: echo still to come
+    assert feed_one_by_one(output, token_ids).text == "The fox jumps over the dog"
+    replayed = LaneOutput(tokenizer, OutputOptions(echo="The fox"), [])
+    replayed.add(token_ids[:2])  # what a dead worker published, echo included: dropped
+    rest = tokenizer.decode(token_ids)[len(tokenizer.decode(token_ids[:2])):]
+    assert feed_one_by_one(replayed, token_ids[2:]).text == rest
+
+
 def test_reasoning_then_a_tool_call(tokenizer):
     options = OutputOptions(reasoning=reasoning_options(tokenizer), parse_tool_calls=True)
     output = LaneOutput(tokenizer, options, [])
