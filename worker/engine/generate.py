@@ -25,12 +25,13 @@ class GenerationResult:
 def generate(runner: ModelRunner, tokenizer: tokenizers.Tokenizer, prompt_ids: list[int],
              params: SamplingParams, request_id: str = "generate") -> GenerationResult:
     sequence = runner.start(request_id, prompt_ids, params)
-    text_output = TextOutput(tokenizer, params.stop, prompt_ids)
+    text_output = TextOutput(tokenizer, params.stop, prompt_ids, min_tokens=params.min_tokens)
     pieces: list[str] = []
     while sequence.num_to_prefill > 0:
         runner.prefill(sequence, PREFILL_CHUNK)
     while not sequence.finished:
-        pieces.append(text_output.add(runner.decode_step(sequence)))
+        # One token at a time, as the worker does, so min_tokens counts the same whatever a step emitted.
+        pieces += [text_output.add([token]) for token in runner.decode_step(sequence)]
         if text_output.stopped:
             sequence.finish_reason = "stop"
     pieces.append(text_output.finish())

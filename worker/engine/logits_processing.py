@@ -107,7 +107,8 @@ def logprobs_of(logits_row: torch.Tensor, token_id: int, num_top: int) -> TokenL
 
 def changes_greedy_choice(params: SamplingParams) -> bool:
     """Whether processing can move the argmax, i.e. a greedy token is not simply the raw logits'
-    argmax (masks and temperature cannot; bias and penalties can)."""
+    argmax (masks and temperature cannot; bias and penalties can). min_tokens can too, but only
+    while the sequence is short: the caller checks that."""
     return bool(params.logit_bias) or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 \
         or params.frequency_penalty != 0.0
 
