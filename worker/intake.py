@@ -40,8 +40,8 @@ class Intake:
 
     async def accept(self, entry_id: str, fields: dict[str, str], first_delivery: bool = False) -> None:
         """`first_delivery`: read new (XREADGROUP `>`), so delivered once, to us, with no state yet;
-        no claim round trip on the way to its first token (a cancel sent before is seen by the
-        cancel-key poll instead)."""
+        no claim round trip on the way to its first token (a cancel sent before is seen when the
+        service reads the job's cancel key, just after handing it over)."""
         try:
             job = parse_job(fields)
         except PoisonJob as error:

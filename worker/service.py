@@ -57,7 +57,10 @@ REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, O
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 READ_BLOCK_MS = 500
 FREE_LANE_POLL_S = 0.01
-CANCEL_POLL_S = 0.2
+# Cancels arrive by pub/sub; a job's key is also read once as it is handed over (a cancel sent
+# before the job was ours went unheard) and after every resubscription. This poll of all held
+# jobs' keys is the net under a message lost otherwise.
+CANCEL_POLL_S = 2.0
 WARMUP_TOKENS = 2
 OWNER_EXIT_WAIT_S = 30.0  # a running owner stops before its next step: this is a backstop
 LOADING_EXIT_WAIT_S = 1.0  # a loading one cannot be told to stop: give it a moment, then leave it
@@ -123,6 +126,7 @@ class WorkerService:
         self._publisher_in_use: Publisher | None = None  # the owner thread's, once made (read by /metrics)
         self._held: dict[str, JobRef] = {}  # jobs handed to the owner, by request id
         self._cancel_sent: set[str] = set()
+        self._key_checks: set[asyncio.Task] = set()  # cancel-key reads of jobs just handed over
         self._draining = False
         self._ready = False
         # Stopped while the model was loading, and not waiting for it: a process should then leave
@@ -372,6 +376,18 @@ class WorkerService:
         self._held[ref.request_id] = ref
         assert self._owner is not None
         self._owner.inbox.put(StartJob(spec, ref))
+        # Read after the job is ours and running, so it costs the first token nothing: any cancel
+        # from now on is heard by pub/sub, any before left its key.
+        check = asyncio.create_task(self._cancelled_before_ours(ref.request_id), name="cancel-key")
+        self._key_checks.add(check)
+        check.add_done_callback(self._key_checks.discard)
+
+    async def _cancelled_before_ours(self, request_id: str) -> None:
+        try:
+            if await self.io.redis.exists(keys.cancel_key(request_id)):
+                self._send_cancel(request_id)
+        except REDIS_DOWN as error:  # the poll looks again
+            log.warning("could not read the cancel key of %s: %s", request_id, error)
 
     # -- shutting down ----------------------------------------------------------------------
 
@@ -395,6 +411,7 @@ class WorkerService:
             await asyncio.to_thread(thread.join, LOADING_EXIT_WAIT_S)
             if thread.is_alive():
                 log.warning("stopped while loading the model; not waiting for the load to finish")
+        tasks = tasks + list(self._key_checks)
         for task in tasks:
             task.cancel()
         if tasks:

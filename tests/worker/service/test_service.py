@@ -6,6 +6,7 @@ import asyncio
 import gc
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -131,10 +132,15 @@ def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client,
 
 
 def test_a_job_cancelled_before_any_worker_read_it_ends_cancelled_and_is_acknowledged(redis_server, client,
-                                                                                     served_none):
-    request_id = submit(client, chat_body("Tell me a long story", max_tokens=400))
-    client.set(keys.cancel_key(request_id), "1", ex=60)  # the client left while the job waited
+                                                                                     served_none, monkeypatch):
+    monkeypatch.setattr("worker.service.CANCEL_POLL_S", 600.0)  # only the read at hand-over can see it
     with InProcessWorker(service_config(redis_server.url), served_none) as worker:
+        wait_done(client, submit(client, chat_body("Hi", max_tokens=2)))  # up, subscribed, polled once
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        # The client left while the job waited: its cancel key is set, its message went out before
+        # any worker held the job, so nobody heard it.
+        client.set(keys.cancel_key(request_id), "1", ex=60)
+        submit(client, chat_body("Tell me a long story", max_tokens=400), request_id=request_id)
         events = wait_done(client, request_id, timeout_s=30)
         wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
         assert worker.service.capacity.held == 0
