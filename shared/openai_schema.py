@@ -5,7 +5,7 @@ rejected (`extra="forbid"`), and understood-but-unsupported values raise `Unsupp
 Types are strict: "5" is not a number and "true" is not a boolean (ints are fine for floats).
 Deployment limits (max_tokens cap, n cap) come in through the validation context:
 
-    ChatCompletionRequest.model_validate_json(raw, context=limits_context(Limits(8192, 8)))
+    ChatCompletionRequest.model_validate_json(raw, context=limits_context(Limits(8192, 8, 64)))
 
 Without a context (the worker re-reading a job body) the limits are not checked again.
 
@@ -40,7 +40,7 @@ class UnsupportedField(ValueError):
 class Limits:
     max_tokens: int  # largest max_tokens / max_completion_tokens accepted
     max_n: int
-    max_prompts: int = 64  # prompts in one completions request (each becomes a job)
+    max_prompts: int  # prompts in one completions request (each becomes a job)
 
 
 def limits_context(limits: Limits) -> dict[str, Limits]:

@@ -17,7 +17,7 @@ from shared.openai_schema import (
     to_sampling_params,
 )
 
-LIMITS = limits_context(Limits(max_tokens=1000, max_n=4))
+LIMITS = limits_context(Limits(max_tokens=1000, max_n=4, max_prompts=64))
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -174,7 +174,7 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
         ({"echo": True, "logprobs": 1}, "echo"),
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 3}, "best_of"),
-        ({"prompt": ["a"] * 65}, "prompt"),  # over the deployment's max_prompts (64 by default)
+        ({"prompt": ["a"] * 65}, "prompt"),  # over LIMITS' max_prompts
         ({"prompt": []}, "prompt"),
         ({"prompt": [[]]}, "prompt"),
         ({"prompt": [5, -1]}, "prompt"),
