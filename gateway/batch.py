@@ -46,17 +46,15 @@ class GenerationBatch:
         self.finished = False
 
     async def open(self) -> None:
-        """Every prompt's job subscribed and enqueued, or none: a failure (say, a full queue for the
-        third prompt) closes, and so cancels, the ones already open, then raises as `Generation.open`."""
-        opened: list[Generation] = []
-        try:
-            for gen in self._generations:
-                await gen.open()
-                opened.append(gen)
-        except BaseException:
-            for gen in opened:
-                await gen.close()
-            raise
+        """Every prompt's job subscribed and enqueued, all at once (a batch of 64 would otherwise
+        wait for 64 round trips in a row), or none: any failure (say, a full queue for some of them)
+        closes, and so cancels, the ones that did open, then the first failure in prompt order is
+        raised, as `Generation.open` raises it."""
+        results = await asyncio.gather(*(gen.open() for gen in self._generations), return_exceptions=True)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures:
+            await self.close()  # a generation whose open failed has closed itself: closing again does nothing
+            raise failures[0]
 
     async def close(self) -> None:
         for gen in self._generations:

@@ -234,6 +234,6 @@ def test_a_batch_the_queue_cannot_take_whole_is_429_and_leaves_no_job(
 
     assert response.status_code == 429
     entries = redis_client.xrange(keys.request_stream(MODEL))
-    assert len(entries) == 2, "the first two prompts were queued before the third was refused"
+    assert len(entries) == 2, "two of the prompts were queued before the third was refused"
     queued = [Job.from_fields(fields).id for _, fields in entries]
     assert sorted(key.split(":")[-1] for key in redis_client.keys(keys.cancel_key("*"))) == sorted(queued)
