@@ -3,7 +3,7 @@
     gen = Generation(...)
     await gen.open()                         # SUBSCRIBE (confirmed), then XADD
     try:
-        async for event in gen.events():     # deltas and finals in seq order, until every
+        async for batch in gen.batches():    # deltas and finals in seq order, until every
             ...                              # choice has its final
     finally:
         await gen.close()                    # unless finished, cancel the job; UNSUBSCRIBE
@@ -113,14 +113,9 @@ class Generation:
             entry=(keys.request_stream(self.job.model), entry_id),
         )
 
-    async def events(self) -> AsyncIterator[DeltaEvent | FinalEvent]:
-        """Deltas and finals in seq order. Raises GenerationFailed or delivery.ClientGone."""
-        async for batch in self.batches():
-            for event in batch:
-                yield event
-
     async def batches(self) -> AsyncIterator[list[DeltaEvent | FinalEvent]]:
-        """The same events, each batch the next one (waited for) and those after it already here.
+        """Deltas and finals in seq order, each batch the next one (waited for) and those after it
+        already here. Raises GenerationFailed or delivery.ClientGone.
 
         A batch stops before an error or a malformed event, so everything before it is sent first.
         `finished` is already True when the last batch is handed out.

@@ -261,9 +261,9 @@ class CompletionRequest(_GenerationRequest):
         (prompt,) = self.prompts()
         return prompt
 
-    def for_prompt(self, index: int) -> CompletionRequest:
-        """This request for its `index`-th prompt alone: one job of a batch."""
-        return self.model_copy(update={"prompt": self.prompts()[index]})
+    def one_per_prompt(self) -> list[CompletionRequest]:
+        """This request for each of its prompts alone: the jobs of a batch."""
+        return [self.model_copy(update={"prompt": prompt}) for prompt in self.prompts()]
 
     @model_validator(mode="after")
     def _echo_without_prompt_logprobs(self) -> CompletionRequest:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -96,9 +97,7 @@ def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: 
         runner.check_fits(len(prompt_ids), params.max_tokens)
     except ContextLengthError as error:
         raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
-    if params.logit_bias and max(params.logit_bias) >= runner.vocab_size:
-        raise JobRejected(f"logit_bias: token id {max(params.logit_bias)} is outside this model's vocabulary "
-                          f"of {runner.vocab_size} tokens", ErrorCode.INVALID_REQUEST)
+    _check_in_vocabulary("logit_bias", params.logit_bias, served)
     return JobSpec(job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params,
                    request.n, output_options(request, served, prompt_ids, params), resume)
 
@@ -110,9 +109,7 @@ def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]
         prompt = request.prompt_value()
         if isinstance(prompt, str):
             return served.encode_text(prompt)
-        if max(prompt) >= served.runner.vocab_size:
-            raise JobRejected(f"prompt: token id {max(prompt)} is outside this model's vocabulary of "
-                              f"{served.runner.vocab_size} tokens", ErrorCode.INVALID_REQUEST)
+        _check_in_vocabulary("prompt", prompt, served)
         return list(prompt)
     tools = _tools(request)
     kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
@@ -135,6 +132,14 @@ def output_options(request: GenerationRequest, served: ServingModel, prompt_ids:
                          parse_tool_calls=parse_tool_calls,
                          single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
                          num_logprobs=num_logprobs)
+
+
+def _check_in_vocabulary(field: str, token_ids: Iterable[int], served: ServingModel) -> None:
+    """Token ids a request names (the gateway cannot know the vocabulary) must be the model's."""
+    largest = max(token_ids, default=-1)
+    if largest >= served.runner.vocab_size:
+        raise JobRejected(f"{field}: token id {largest} is outside this model's vocabulary of "
+                          f"{served.runner.vocab_size} tokens", ErrorCode.INVALID_REQUEST)
 
 
 def _prompt_text(request: CompletionRequest, served: ServingModel) -> str:

@@ -98,7 +98,7 @@ async def _admit(svc: Services, model: str) -> None:
 def _one_request_per_prompt(req: GenerationRequest) -> list[GenerationRequest]:
     """A completions batch is one job per prompt; everything else is one job."""
     if isinstance(req, CompletionRequest) and len(req.prompts()) > 1:
-        return [req.for_prompt(index) for index in range(len(req.prompts()))]
+        return req.one_per_prompt()
     return [req]
 
 
@@ -164,7 +164,7 @@ async def _stream(gen: Generation | GenerationBatch, fmt: Format, include_usage:
 
 async def _whole(gen: Generation | GenerationBatch, fmt: Format) -> Response:
     try:
-        async for _ in gen.events():
+        async for _ in gen.batches():
             pass
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED)

@@ -200,7 +200,8 @@ def test_completion_prompt_forms() -> None:
     assert CompletionRequest(model="m", prompt=[3, 1, 2]).prompt_value() == [3, 1, 2]
     assert CompletionRequest(model="m", prompt=[[3, 1]]).prompt_value() == [3, 1]
     batch = CompletionRequest.model_validate({"model": "m", "prompt": ["a", "b"], "n": 2}, context=LIMITS)
-    assert batch.prompts() == ["a", "b"] and batch.for_prompt(1).prompt_value() == "b" and batch.for_prompt(1).n == 2
+    second = batch.one_per_prompt()[1]
+    assert batch.prompts() == ["a", "b"] and second.prompt_value() == "b" and second.n == 2
     assert CompletionRequest(model="m", prompt=[[3, 1], [2]]).prompts() == [[3, 1], [2]]
 
 
