@@ -86,6 +86,10 @@ class EmbeddedRedis:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis.from_url(self.url, socket_timeout=5, **kwargs)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import signal
 import sys
 import time
@@ -23,14 +24,18 @@ from tqdm import tqdm
 
 from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
 from ops.bench.plots import serving_figure
-from ops.bench.results import (SIDE_BY_SIDE_NOTE, machine_info, median_with_interval, parse_int_list, ratio,
-                                results_dir, write_json)
+from ops.bench.machine_load import OtherLoad
+from ops.bench.results import (SIDE_BY_SIDE_NOTE, machine_info, median_with_interval, parse_int_list, percentile,
+                                ratio, results_dir, write_json)
 from ops.bench.serving_report import serving_markdown
 from ops.bench.stack import Stack, raise_keyboard_interrupt_on_sigterm
 from ops.training.prompts import HELD_OUT
 from shared.settings import WorkerSettings
 
 WARMUP_TOKENS = 8
+# A pair is "quiet" when processes outside the benchmark took less than this many cores during it:
+# the serving path then had its second core (ops.bench.machine_load).
+QUIET_CORES = 0.25
 
 
 @dataclass(slots=True, frozen=True)
@@ -162,28 +167,33 @@ def compare_in_process(stack: Stack, config: ServingConfig, bar: tqdm) -> dict:
     in_process_request(served, encode_prompt, HELD_OUT[0], config, min(WARMUP_TOKENS, config.max_tokens))
     bodies = _bodies(stack.model_name, config, config.compare_requests)
     bar.set_postfix_str("gateway vs in-process, 1 client")
-    gateway, local = asyncio.run(_alternate(stack.base_url, served, encode_prompt, bodies, config, bar))
+    gateway, local, other_cores = asyncio.run(_alternate(stack, served, encode_prompt, bodies, config, bar))
     del served
     gc.collect()
-    return comparison_summary(gateway, local)
+    return comparison_summary(gateway, local, other_cores)
 
 
-async def _alternate(base_url: str, served, encode_prompt, bodies: list[dict], config: ServingConfig, bar: tqdm):
+async def _alternate(stack: Stack, served, encode_prompt, bodies: list[dict], config: ServingConfig, bar: tqdm):
+    """Both paths per prompt, in turn, and the cores other processes took during each pair."""
     gateway: list[RequestRecord] = []
     local: list[RequestRecord] = []
-    client = SseClient(base_url, config.level_timeout_s)
+    other_cores: list[float | None] = []
+    load = OtherLoad(lambda: [os.getpid(), *stack.pids()])
+    client = SseClient(stack.base_url, config.level_timeout_s)
     try:
         for index, body in enumerate(bodies):
             prompt = body["messages"][0]["content"]
+            before = load.sample()
             for path in ("gateway", "local") if index % 2 == 0 else ("local", "gateway"):
                 if path == "gateway":
                     gateway.append(await stream_chat(client, body))
                 else:  # blocks the loop on purpose: nothing else is in flight
                     local.append(in_process_request(served, encode_prompt, prompt, config))
                 bar.update()
+            other_cores.append(load.cores_since(before))
     finally:
         await client.aclose()
-    return gateway, local
+    return gateway, local, other_cores
 
 
 def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig,
@@ -210,12 +220,17 @@ def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig
     return record
 
 
-def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord]) -> dict:
+def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord],
+                       other_cores: list[float | None] | None = None) -> dict:
     """Tokens/s over end-to-end time (TTFT included: the issue-6 figure), the same after the first
     text (the streaming rate, TTFT left to its own figure), and the TTFT p50 the gateway adds; both
-    rates also request by request (see `paired_ratio`)."""
+    rates also request by request (see `paired_ratio`), over all pairs and over the quiet ones:
+    those during which other processes took under QUIET_CORES of the machine (see
+    `ops.bench.machine_load`; None where it cannot be measured)."""
     paths = {name: _path_summary(records) for name, records in (("gateway", gateway), ("in_process", local))}
     ttft = [paths[name]["ttft_ms"]["p50"] for name in ("gateway", "in_process")]
+    measured = [cores for cores in other_cores or [] if cores is not None]
+    quiet = [cores is not None and cores < QUIET_CORES for cores in other_cores or []]
     return {
         **paths, "requests": len(gateway),
         "tokens_per_s_ratio": ratio(paths["gateway"]["tokens_per_s"], paths["in_process"]["tokens_per_s"]),
@@ -224,19 +239,31 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord])
         "added_ttft_p50_ms": None if None in ttft else round(ttft[0] - ttft[1], 2),
         "paired_ratio": paired_ratio(gateway, local, "e2e_s"),
         "paired_decode_ratio": paired_ratio(gateway, local, "tpot_s"),
+        "other_load": {
+            "quiet_below_cores": QUIET_CORES,
+            "cores_p50": _rounded(percentile(measured, 50)), "cores_p90": _rounded(percentile(measured, 90)),
+            "paired_ratio_quiet": paired_ratio(gateway, local, "e2e_s", quiet) if measured else None,
+            "paired_decode_ratio_quiet": paired_ratio(gateway, local, "tpot_s", quiet) if measured else None,
+        },
     }
 
 
-def paired_ratio(gateway: list[RequestRecord], local: list[RequestRecord], per_request: str) -> dict | None:
+def paired_ratio(gateway: list[RequestRecord], local: list[RequestRecord], per_request: str,
+                 keep: list[bool] | None = None) -> dict | None:
     """The rate ratio request by request (the i-th gateway request against the i-th in-process one,
     run back to back with the same prompt and token count), from `per_request` time ("e2e_s": over
     end-to-end time; "tpot_s": after the first text): its median, and a 95% bootstrap interval of
     that median. Pairs share the machine's state at the time, so the VM's drift, which moves whole
     minutes by up to 30%, cancels out of each pair instead of widening the spread; and a few slow
-    stretches move the median less than the pooled rate."""
-    times = [(getattr(g, per_request), getattr(l, per_request)) for g, l in zip(gateway, local, strict=True)
-             if g.ok and l.ok]
+    stretches move the median less than the pooled rate. `keep`: only the pairs marked True."""
+    keep = keep if keep is not None else [True] * len(gateway)
+    times = [(getattr(g, per_request), getattr(l, per_request)) for g, l, kept in zip(gateway, local, keep, strict=True)
+             if kept and g.ok and l.ok]
     return median_with_interval([local_s / gateway_s for gateway_s, local_s in times if gateway_s and local_s])
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _path_summary(records: list[RequestRecord]) -> dict:

@@ -47,7 +47,8 @@ def _comparison(comparison: dict | None) -> list[str]:
     return ["## Gateway + Redis vs in-process generate (1 client, sequential, alternating)", "", table, "",
             f"Tokens/s ratio gateway / in-process: {fmt(comparison['tokens_per_s_ratio'], 3)} over end-to-end "
             f"time, {fmt(comparison.get('decode_tokens_per_s_ratio'), 3)} after the first text; "
-            f"added TTFT p50: {fmt(comparison['added_ttft_p50_ms'], 1)} ms.", "", *_paired(comparison)]
+            f"added TTFT p50: {fmt(comparison['added_ttft_p50_ms'], 1)} ms.", "", *_paired(comparison),
+            *_other_load(comparison.get("other_load"))]
 
 
 def _paired(comparison: dict) -> list[str]:
@@ -60,6 +61,23 @@ def _paired(comparison: dict) -> list[str]:
                       f"median ratio {paired['median']:.3f}, 95% interval of the median {low:.3f}-{high:.3f} "
                       f"({paired['pairs']} pairs).", ""]
     return lines
+
+
+def _other_load(load: dict | None) -> list[str]:
+    """The pairs during which other processes left the serving path its second core."""
+    if not load or load["cores_p50"] is None:
+        return []
+    line = (f"Other processes on the machine took {load['cores_p50']:.2f} of a core during a pair (median; p90 "
+            f"{load['cores_p90']:.2f}). The serving path needs a second core, in-process generate does not")
+    quiet, quiet_decode = load["paired_ratio_quiet"], load["paired_decode_ratio_quiet"]
+    if quiet is None:
+        return [line + f"; no pair had others under {load['quiet_below_cores']:g} of a core.", ""]
+    line += (f". On the {quiet['pairs']} pairs where others took under {load['quiet_below_cores']:g} of a core: "
+             f"median ratio {quiet['median']:.3f} over end-to-end time ({quiet['ci95'][0]:.3f}-{quiet['ci95'][1]:.3f})")
+    if quiet_decode:
+        line += (f", {quiet_decode['median']:.3f} after the first text "
+                 f"({quiet_decode['ci95'][0]:.3f}-{quiet_decode['ci95'][1]:.3f})")
+    return [line + ".", ""]
 
 
 def _scaling(rows: list[dict], speedup: dict) -> list[str]:

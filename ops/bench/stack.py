@@ -66,6 +66,13 @@ class Stack:
         leaving, self.workers = self.workers[len(self.workers) - count:], self.workers[: len(self.workers) - count]
         stop_all(leaving)
 
+    def pids(self) -> list[int]:
+        """Every process of the stack: Redis, the gateway, the workers."""
+        pids = [process.pid for process in [self._gateway, *self.workers] if process is not None]
+        if self._redis is not None and self._redis.pid is not None:
+            pids.append(self._redis.pid)
+        return pids
+
     def stop(self) -> None:
         stop_all([process for process in [self._gateway, *self.workers] if process is not None])
         self.workers, self._gateway = [], None

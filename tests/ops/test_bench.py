@@ -10,7 +10,7 @@ import pytest
 
 from ops.bench.client import RequestRecord, latency_ms
 from ops.bench.results import percentile
-from ops.bench.serving import paired_ratio
+from ops.bench.serving import QUIET_CORES, comparison_summary, paired_ratio
 from ops.cli import main
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
@@ -43,6 +43,22 @@ def test_the_paired_ratio_compares_neighbours_and_ignores_failed_pairs():
     # Over end-to-end time (TTFT included) each pair is 0.95/1.1 and 2.85/3.3: 0.8636 either way.
     end_to_end = paired_ratio(gateway, local, "e2e_s")
     assert end_to_end["pairs"] == 10 and end_to_end["median"] == pytest.approx(0.8636, abs=1e-4)
+
+
+def test_the_comparison_splits_off_the_pairs_during_which_other_processes_were_quiet():
+    def record(e2e_s: float) -> RequestRecord:
+        return RequestRecord(ok=True, ttft_s=0.1, e2e_s=e2e_s, completion_tokens=11)
+
+    # Quiet pairs run the gateway at 0.98x; while others take a core it falls to 0.9x.
+    gateway = [record(1.0), record(1.0), record(1.0), record(1.0)]
+    local = [record(0.98), record(0.9), record(0.98), record(0.9)]
+    other_cores = [0.0, 1.0, QUIET_CORES / 2, None]  # None: not measured, so not known to be quiet
+    load = comparison_summary(gateway, local, other_cores)["other_load"]
+    assert load["paired_ratio_quiet"]["pairs"] == 2 and load["paired_ratio_quiet"]["median"] == pytest.approx(0.98)
+    assert load["cores_p50"] == pytest.approx(QUIET_CORES / 2) and load["cores_p90"] == pytest.approx(0.825)
+    assert comparison_summary(gateway, local, other_cores)["paired_ratio"]["median"] == pytest.approx(0.94)
+    unmeasured = comparison_summary(gateway, local, [None] * 4)["other_load"]
+    assert unmeasured["paired_ratio_quiet"] is None and unmeasured["cores_p50"] is None
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -106,6 +122,8 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
         paired = comparison[key]
         assert paired["pairs"] == 1 and paired["ci95"][0] <= paired["median"] <= paired["ci95"][1]
     assert "Over end-to-end time, request by request" in (tmp_path / "serving.md").read_text()
+    assert comparison["other_load"]["cores_p50"] is not None  # Linux: /proc is there
+    assert "Other processes on the machine took" in (tmp_path / "serving.md").read_text()
     assert report["scaling"] == []  # one worker count: nothing to scale against
     assert "| 2 | 2 | 0 |" in (tmp_path / "serving.md").read_text()
 
