@@ -245,7 +245,19 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord],
             "paired_ratio_quiet": paired_ratio(gateway, local, "e2e_s", quiet) if measured else None,
             "paired_decode_ratio_quiet": paired_ratio(gateway, local, "tpot_s", quiet) if measured else None,
         },
+        "pairs": _pairs(gateway, local, other_cores or [None] * len(gateway)),
     }
+
+
+def _pairs(gateway: list[RequestRecord], local: list[RequestRecord], other_cores: list[float | None]) -> list[dict]:
+    """Each pair's seconds and the others' cores: runs can then be pooled pair by pair."""
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else round(value, 6)
+
+    return [{"gateway_e2e_s": seconds(g.e2e_s) if g.ok else None, "gateway_tpot_s": seconds(g.tpot_s) if g.ok else None,
+             "local_e2e_s": seconds(l.e2e_s) if l.ok else None, "local_tpot_s": seconds(l.tpot_s) if l.ok else None,
+             "other_cores": _rounded(cores)}
+            for g, l, cores in zip(gateway, local, other_cores, strict=True)]
 
 
 def paired_ratio(gateway: list[RequestRecord], local: list[RequestRecord], per_request: str,

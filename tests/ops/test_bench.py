@@ -57,6 +57,8 @@ def test_the_comparison_splits_off_the_pairs_during_which_other_processes_were_q
     assert load["paired_ratio_quiet"]["pairs"] == 2 and load["paired_ratio_quiet"]["median"] == pytest.approx(0.98)
     assert load["cores_p50"] == pytest.approx(QUIET_CORES / 2) and load["cores_p90"] == pytest.approx(0.825)
     assert comparison_summary(gateway, local, other_cores)["paired_ratio"]["median"] == pytest.approx(0.94)
+    assert comparison_summary(gateway, local, other_cores)["pairs"][1] == {
+        "gateway_e2e_s": 1.0, "gateway_tpot_s": 0.09, "local_e2e_s": 0.9, "local_tpot_s": 0.08, "other_cores": 1.0}
     unmeasured = comparison_summary(gateway, local, [None] * 4)["other_load"]
     assert unmeasured["paired_ratio_quiet"] is None and unmeasured["cores_p50"] is None
 
