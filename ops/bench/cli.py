@@ -1,4 +1,4 @@
-"""`arbor bench decode|serving|owner`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
+"""`arbor bench decode|serving|owner|pool`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def add_bench_parser(subparsers) -> None:
     _add_decode_parser(commands)
     _add_serving_parser(commands)
     _add_owner_parser(commands)
+    _add_pool_parser(commands)
 
 
 def _add_decode_parser(commands) -> None:
@@ -78,6 +79,12 @@ def _add_owner_parser(commands) -> None:
     parser.set_defaults(handler=_run_owner)
 
 
+def _add_pool_parser(commands) -> None:
+    parser = commands.add_parser("pool", help="pool the gateway/in-process pairs of several serving runs")
+    parser.add_argument("results", nargs="+", type=Path, help="serving results folders or their serving.json")
+    parser.set_defaults(handler=_run_pool)
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
     parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
@@ -107,6 +114,12 @@ def _run_owner(args: argparse.Namespace) -> int:
     from ops.bench.owner import run_owner_command
 
     return run_owner_command(_default_model_as_none(args))
+
+
+def _run_pool(args: argparse.Namespace) -> int:
+    from ops.bench.pool import run_pool_command
+
+    return run_pool_command(args)
 
 
 def _default_model_as_none(args: argparse.Namespace) -> argparse.Namespace:

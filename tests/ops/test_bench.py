@@ -175,3 +175,25 @@ def test_bench_owner_refuses_bad_settings_in_one_line(tiny_model, argv, capsys):
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and (argv[0] in error or "max_tokens=100000" in error)
     assert error.count("must be") <= 1, "only what is wrong is named"
+
+
+def test_bench_pool_pools_the_pairs_of_several_runs_and_names_a_report_without_them(tmp_path, capsys):
+    def pair(gateway_s: float | None, local_s: float, other_cores: float | None) -> dict:
+        return {"gateway_e2e_s": gateway_s, "gateway_tpot_s": gateway_s and gateway_s / 100, "local_e2e_s": local_s,
+                "local_tpot_s": local_s / 100, "other_cores": other_cores}
+
+    # Run a: three quiet pairs at 0.98. Run b: two pairs at 0.9 while others took a core, one
+    # failed pair (no gateway time). Pooled: 0.98, 0.98, 0.98, 0.9, 0.9 -> median 0.98.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "serving.json").write_text(json.dumps({"comparison": {"pairs": [pair(1.0, 0.98, 0.0)] * 3}}))
+    (tmp_path / "b.json").write_text(json.dumps({"comparison": {"pairs": [
+        pair(1.0, 0.9, 1.0), pair(1.0, 0.9, None), pair(None, 0.9, 0.0)]}}))
+    assert main(["bench", "pool", str(tmp_path / "a"), str(tmp_path / "b.json")]) == 0
+    table = capsys.readouterr().out
+    assert "| **pooled, 2 runs** | 6 | 0.980 (0.900-0.980) | 0.980 (0.900-0.980) |" in table
+    assert f"| pooled, quiet pairs (others < {QUIET_CORES:g} core) | 4 | 0.980 (0.980-0.980) |" in table
+    assert "| " + str(tmp_path / "b.json") + " | 3 | 0.900 (0.900-0.900) |" in table
+
+    (tmp_path / "old.json").write_text(json.dumps({"comparison": {"paired_ratio": {}}}))
+    assert main(["bench", "pool", str(tmp_path / "old.json")]) == 2
+    assert "no gateway/in-process pairs" in capsys.readouterr().err

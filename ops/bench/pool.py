@@ -1,0 +1,74 @@
+"""`arbor bench pool`: the gateway-vs-in-process pairs of several `arbor bench serving` runs, pooled.
+
+One run's median moves with the minutes it ran in (on a shared 2-core VM, ±2-4% between runs of
+100 pairs). Pooling the pairs of several runs, spread over time, gives the figure with an interval
+that covers that drift too. Torch-free.
+
+    arbor bench pool bench-results/a bench-results/b/serving.json ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ops.bench.results import markdown_table, median_with_interval
+from ops.bench.serving import QUIET_CORES
+
+RATIOS = (("e2e", "over end-to-end time"), ("tpot", "after the first text"))
+
+
+def run_pool_command(args: argparse.Namespace) -> int:
+    runs = [(str(path), load_pairs(path)) for path in args.results]
+    print(pool_markdown(runs))
+    return 0
+
+
+def load_pairs(path: Path) -> list[dict]:
+    """The pairs of a serving report (its folder or its serving.json); ValueError naming the file."""
+    file = path / "serving.json" if path.is_dir() else path
+    try:
+        report = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{file}: not a readable serving report ({error})") from None
+    pairs = (report.get("comparison") or {}).get("pairs")
+    if not pairs:
+        raise ValueError(f"{file}: no gateway/in-process pairs (run with --compare-requests N, "
+                         f"from a version that records them)")
+    return pairs
+
+
+def pair_ratio(pair: dict, kind: str) -> float | None:
+    """In-process time over gateway time for one pair, `kind` "e2e" or "tpot"; None if either failed."""
+    gateway_s, local_s = pair[f"gateway_{kind}_s"], pair[f"local_{kind}_s"]
+    return local_s / gateway_s if gateway_s and local_s else None
+
+
+def pooled(pairs: list[dict], kind: str, quiet_only: bool = False) -> dict | None:
+    kept = [pair for pair in pairs if not quiet_only or (pair["other_cores"] is not None
+                                                         and pair["other_cores"] < QUIET_CORES)]
+    return median_with_interval([ratio for pair in kept if (ratio := pair_ratio(pair, kind)) is not None])
+
+
+def pool_markdown(runs: list[tuple[str, list[dict]]]) -> str:
+    rows = [[name, str(len(pairs)), *(_cell(pooled(pairs, kind)) for kind, _ in RATIOS)] for name, pairs in runs]
+    everything = [pair for _, pairs in runs for pair in pairs]
+    rows.append([f"**pooled, {len(runs)} runs**", str(len(everything)), *(_cell(pooled(everything, kind))
+                                                                          for kind, _ in RATIOS)])
+    rows.append([f"pooled, quiet pairs (others < {QUIET_CORES:g} core)",
+                 str(sum(1 for pair in everything if pair["other_cores"] is not None
+                         and pair["other_cores"] < QUIET_CORES)),
+                 *(_cell(pooled(everything, kind, quiet_only=True)) for kind, _ in RATIOS)])
+    headers = ["run", "pairs", *(f"paired ratio {what} (95% interval)" for _, what in RATIOS)]
+    return "\n".join(["# Gateway + Redis vs in-process generate, pooled pair by pair", "",
+                      markdown_table(headers, rows), "",
+                      "Each pair: in-process time over gateway time, same prompt, run back to back; medians with a "
+                      "95% bootstrap interval of the median.", ""])
+
+
+def _cell(summary: dict | None) -> str:
+    if summary is None:
+        return "—"
+    low, high = summary["ci95"]
+    return f"{summary['median']:.3f} ({low:.3f}-{high:.3f})"
