@@ -58,16 +58,26 @@ class StreamOptions(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    """`text`, or `json_object` (JSON mode: the answer is one JSON object, enforced token by token)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: str
+    json_schema: dict[str, Any] | None = None  # read only to refuse it by name
 
     @field_validator("type")
     @classmethod
-    def _text_only(cls, value: str) -> str:
-        if value != "text":
-            raise UnsupportedField("response_format", f"type {value!r} is not supported; only 'text'")
+    def _text_or_json_object(cls, value: str) -> str:
+        if value not in ("text", "json_object"):
+            raise UnsupportedField("response_format", f"type {value!r} is not supported; only 'text' and "
+                                   "'json_object'")
         return value
+
+    @model_validator(mode="after")
+    def _no_schema(self) -> ResponseFormat:
+        if self.json_schema is not None:
+            raise UnsupportedField("response_format", "json_schema is not supported; use type 'json_object'")
+        return self
 
 
 class _GenerationRequest(BaseModel):
@@ -207,7 +217,16 @@ class ChatCompletionRequest(_GenerationRequest):
             raise UnsupportedField("top_logprobs", "requires logprobs to be true")
         if self.reasoning_budget is not None and self.reasoning_effort is not None:
             raise UnsupportedField("reasoning_effort", "give reasoning_budget or reasoning_effort, not both")
+        if self.json_mode and self.tools:
+            raise UnsupportedField("response_format", "json_object cannot be combined with tools")
+        if self.json_mode and self.min_tokens:
+            raise UnsupportedField("min_tokens", "cannot be combined with response_format json_object, "
+                                   "whose answer ends when its object closes")
         return self
+
+    @property
+    def json_mode(self) -> bool:
+        return self.response_format is not None and self.response_format.type == "json_object"
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -316,6 +335,7 @@ def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) ->
         logit_bias={int(token_id): bias for token_id, bias in (req.logit_bias or {}).items()},
         # Checked against an explicit max_tokens above; a defaulted one just caps it.
         min_tokens=min(req.min_tokens or 0, max_tokens),
+        json_object=isinstance(req, ChatCompletionRequest) and req.json_mode,
     )
 
 

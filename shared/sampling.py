@@ -23,6 +23,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, OpenAI's range
     min_tokens: int = 0  # vLLM's: no EOS or stop token, and no stop string, before this many tokens
+    json_object: bool = False  # JSON mode: the text is one JSON object (worker.engine.json_constraint)
 
     @property
     def greedy(self) -> bool:
@@ -38,6 +39,8 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty, "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
         _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "must be in [0, max_tokens]")
+        _check(not (self.json_object and self.min_tokens), "min_tokens", self.min_tokens,
+               "cannot be combined with JSON mode, which ends the text when its object closes")
         for token_id, bias in self.logit_bias.items():
             _check(token_id >= 0, "logit_bias", token_id, "is not a token id")
             _check(-LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT, f"logit_bias[{token_id}]", bias,

@@ -21,6 +21,7 @@ from shared.openai_schema import ChatCompletionRequest, CompletionRequest, Gener
 from shared.protocol import ErrorCode, Job, JobState
 from shared.sampling import SamplingParams
 from worker.chat.template import ChatTemplateError, flatten_text_parts
+from worker.constraints.json_vocabulary import UnsupportedVocabulary
 from worker.engine.runner import ContextLengthError
 from worker.lane_output import OutputOptions, ReasoningOptions
 from worker.serving_model import ServingModel
@@ -98,8 +99,28 @@ def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: 
     except ContextLengthError as error:
         raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
     _check_in_vocabulary("logit_bias", params.logit_bias, served)
+    output = output_options(request, served, prompt_ids, params)
+    if params.json_object:
+        _check_json_mode(output, served)
     return JobSpec(job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params,
-                   request.n, output_options(request, served, prompt_ids, params), resume)
+                   request.n, output, resume)
+
+
+def _check_json_mode(output: OutputOptions, served: ServingModel) -> None:
+    """JSON mode constrains the whole answer from its first token, so not one whose prompt opened
+    a think tag or that has a reasoning budget to spend (a model that may open the tag itself simply
+    cannot: `<think>` is not JSON). It needs the tokenizer's bytes, built here the first time, off
+    the owner thread."""
+    reasoning = output.reasoning
+    if reasoning is not None and (reasoning.starts_in_reasoning or reasoning.budget is not None):
+        raise JobRejected("response_format json_object cannot be combined with reasoning: set "
+                          "chat_template_kwargs.enable_thinking to false and give no reasoning budget",
+                          ErrorCode.INVALID_REQUEST)
+    assert served.runner.json_masks is not None, "load_serving_model sets it"
+    try:
+        served.runner.json_masks.prepare()
+    except UnsupportedVocabulary as error:
+        raise JobRejected(str(error), ErrorCode.INVALID_REQUEST) from error
 
 
 def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]:

@@ -35,6 +35,9 @@ def _add_decode_parser(commands) -> None:
     parser.add_argument("--prompt-lookup-tokens", type=int, default=3,
                         help="transformers' prompt_lookup_num_tokens (default 3, Arbor ngram's chain length)")
     parser.add_argument("--no-transformers", action="store_true", help="skip the transformers contenders")
+    parser.add_argument("--json-mode", action="store_true",
+                        help="response_format json_object for every Arbor mode (EOS ends each answer), beside "
+                             "plain decoding of unconstrained text; no transformers")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     _add_common(parser)
     parser.set_defaults(handler=_run_decode)

@@ -28,6 +28,7 @@ from worker.engine.runner import ModelRunner
 from worker.serving_model import ServingModel, load_serving_model
 
 WARMUP_TOKENS = 8
+PLAIN_TEXT = "arbor none, text"  # --json-mode's contender without the mask
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class DecodeConfig:
     transformers: bool
     threads: int | None
     out: str | None
+    json_mode: bool = False  # every Arbor mode under response_format json_object, EOS ending each answer
 
 
 def run_decode_command(args: argparse.Namespace) -> int:
@@ -69,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> DecodeConfig:
         raise ValueError(f"--max-tokens={args.max_tokens} must be >= 1 and --temperature={args.temperature} >= 0")
     return DecodeConfig(args.modes, args.prompts, args.max_tokens, args.temperature, args.seed, args.model, args.dtype,
                         args.draft_mtp, args.draft_dflash, args.assistant, args.prompt_lookup_tokens,
-                        not args.no_transformers, args.threads, args.out)
+                        not args.no_transformers, args.threads, args.out, args.json_mode)
 
 
 def run_decode(config: DecodeConfig) -> tuple[dict, Path]:
@@ -78,7 +80,10 @@ def run_decode(config: DecodeConfig) -> tuple[dict, Path]:
     machine = machine_info()
     served = load_serving_model(config.model, "none", dtype=config.dtype)
     contenders, unavailable = arbor_contenders(served, config)
-    if config.transformers:
+    if config.json_mode:  # the cost of the mask, side by side: plain decoding of unconstrained text
+        contenders.append(Contender(PLAIN_TEXT, "arbor-text", _arbor_run(served.runner, served, config.temperature)))
+        unavailable.append({"name": "transformers", "reason": "JSON mode is not a transformers generate option"})
+    elif config.transformers:
         found, missing = transformers_contenders(served, config)
         contenders, unavailable = contenders + found, unavailable + missing
     if not contenders:
@@ -103,7 +108,8 @@ def arbor_contenders(served: ServingModel, config: DecodeConfig) -> tuple[list[C
         except (ValueError, OSError) as error:  # DrafterError / CheckpointError are ValueErrors
             unavailable.append({"name": name, "reason": str(error).splitlines()[0]})
             continue
-        contenders.append(Contender(name, "arbor", _arbor_run(runner, served, config.temperature)))
+        runner.json_masks = served.runner.json_masks  # one index per model, shared by every mode
+        contenders.append(Contender(name, "arbor", _arbor_run(runner, served, config.temperature, config.json_mode)))
     return contenders, unavailable
 
 
@@ -119,9 +125,11 @@ def _mode_runner(served: ServingModel, mode: str, options: DraftOptions) -> Mode
     return ModelRunner(served.loaded.decoder, served.loaded.checkpoint.eos_token_ids, drafter, None, max_nodes)
 
 
-def _arbor_run(runner: ModelRunner, served: ServingModel, temperature: float):
+def _arbor_run(runner: ModelRunner, served: ServingModel, temperature: float, json_mode: bool = False):
+    """In JSON mode the answer ends where its object closes (EOS is the only token left then)."""
     def run(prompt_ids: list[int], max_tokens: int, seed: int) -> PromptRun:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=not json_mode,
+                                json_object=json_mode)
         started = time.perf_counter()
         result = generate(runner, served.tokenizer, prompt_ids, params, request_id="bench")
         stats = result.stats
@@ -167,6 +175,19 @@ def _hf_run(model, config: DecodeConfig, pad_id: int, **extra: object):
     return run
 
 
+def json_check(runs: list[PromptRun], served: ServingModel) -> dict:
+    """JSON mode's answers: how many are JSON as far as they go, and how many closed their object."""
+    from worker.constraints.json_grammar import INITIAL, feed, is_complete
+
+    eos_ids = served.loaded.checkpoint.eos_token_ids
+    states = []
+    for run in runs:
+        ids = run.token_ids[:-1] if run.token_ids and run.token_ids[-1] in eos_ids else run.token_ids
+        states.append(feed(INITIAL, served.tokenizer.decode(ids).encode()))
+    return {"num_prompts": len(runs), "json_so_far": sum(state is not None for state in states),
+            "closed_objects": sum(state is not None and is_complete(state) for state in states)}
+
+
 def encode_prompt(served: ServingModel, text: str) -> list[int]:
     if served.template is None:
         return served.encode_text(text)
@@ -205,11 +226,12 @@ def build_report(config: DecodeConfig, served: ServingModel, contenders: list[Co
             "model": served.name, "dtype": config.dtype, "threads": torch.get_num_threads(),
             "modes": config.modes, "num_prompts": config.num_prompts, "max_tokens": config.max_tokens,
             "temperature": config.temperature, "seed": config.seed,
-            "prompt_lookup_num_tokens": config.prompt_lookup_tokens,
+            "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "json_mode": config.json_mode,
         },
         "note": SIDE_BY_SIDE_NOTE, "baseline": baseline, "contenders": summaries, "unavailable": unavailable,
         "lossless": losslessness(arbor_runs, reference, config.temperature > 0) if reference else None,
         "transformers_agreement": None,
+        "json_check": json_check(arbor_runs[reference], served) if config.json_mode and reference else None,
     }
     if config.temperature == 0 and arbor_runs and "transformers generate" in runs:
         report["transformers_agreement"] = agreement_before_eos(

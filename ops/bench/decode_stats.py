@@ -96,10 +96,11 @@ def decode_markdown(report: dict) -> str:
     settings = report["settings"]
     lines = [f"# arbor bench decode — {report['timestamp']}", "",
              f"Model {settings['model']}, {settings['dtype']}, {settings['threads']} torch threads, "
-             f"{settings['num_prompts']} held-out prompts × {settings['max_tokens']} new tokens (EOS ignored), "
+             f"{settings['num_prompts']} held-out prompts × {_token_budget(settings)}, "
              f"temperature {settings['temperature']}, seed {settings['seed']}; "
              f"machine: {report['machine']['cpu_count']} cores, load average {report['machine']['load_average_1m']} "
-             f"at start. Ratios are to `{report['baseline']}`.", "", _contender_table(report["contenders"]), ""]
+             f"at start. Ratios are to `{report['baseline']}`.", "", *_json_mode_lines(report),
+             _contender_table(report["contenders"]), ""]
     lines += [f"- {item['name']}: unavailable: {item['reason']}" for item in report["unavailable"]]
     lines += ["", _lossless_line(report["lossless"])]
     if report.get("transformers_agreement"):
@@ -114,6 +115,22 @@ def decode_markdown(report: dict) -> str:
               "transformers counts the tokens after the prefill's over the time after it. Wall tokens/s include "
               "prefill.", "", f"Measured side by side: {SIDE_BY_SIDE_NOTE}."]
     return "\n".join(lines) + "\n"
+
+
+def _token_budget(settings: dict) -> str:
+    if settings.get("json_mode"):
+        return f"up to {settings['max_tokens']} new tokens (JSON answers end at EOS, plain text ignores it)"
+    return f"{settings['max_tokens']} new tokens (EOS ignored)"
+
+
+def _json_mode_lines(report: dict) -> list[str]:
+    check = report.get("json_check")
+    if not report["settings"].get("json_mode") or check is None:
+        return []
+    return [f"**JSON mode** (`response_format: json_object`) for every Arbor mode: each answer ends where its object "
+            f"closes, so answers are shorter than the token budget. `arbor none, text` decodes unconstrained text "
+            f"beside them (EOS ignored): the mask's cost. Plain decoding's answers: {check['json_so_far']}/"
+            f"{check['num_prompts']} JSON as far as they go, {check['closed_objects']} closed their object.", ""]
 
 
 def _step_cost_table(contenders: list[dict]) -> str:

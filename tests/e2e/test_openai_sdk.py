@@ -13,6 +13,8 @@ import pytest
 
 from tests.e2e.live_stack import SCRIPTED_MODEL, TINY_MODEL, Stack
 from tests.support.scripted_model import PLAIN, STEPS, TOOLS, ScriptedTurn
+from tests.support.tiny_models import train_tokenizer
+from worker.constraints.json_grammar import INITIAL, feed
 
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 
@@ -297,3 +299,38 @@ def test_logit_bias_steers_greedy_decoding(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=4, logit_bias={"10000000": 1})
     assert "vocabulary" in caught.value.message
+
+
+def test_json_mode_answers_with_json_and_ends_when_the_object_closes(client: openai.OpenAI) -> None:
+    """The random tiny model writes nothing like JSON unless made to: unbiased, its answer is JSON
+    as far as it goes; with "}" pushed up, the object closes at once and the answer ends there."""
+    json_mode = {"response_format": {"type": "json_object"}}
+    for stream in (False, True):
+        if stream:
+            content, _, finish_reason, _ = _stream_chat(client, model=TINY_MODEL, messages=[USER], max_tokens=24,
+                                                        temperature=1.0, seed=3, **json_mode)
+        else:
+            response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=24,
+                                                      temperature=1.0, seed=3, **json_mode)
+            content, finish_reason = response.choices[0].message.content, response.choices[0].finish_reason
+        assert feed(INITIAL, content.encode()) is not None, f"not JSON: {content!r}"
+        if finish_reason == "stop":
+            assert isinstance(json.loads(content), dict)
+
+    closing = {str(train_tokenizer().token_to_id("}")): 100}
+    response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=24, temperature=0,
+                                              logit_bias=closing, **json_mode)
+    choice = response.choices[0]
+    assert json.loads(choice.message.content) == {} and choice.finish_reason == "stop"
+    assert response.usage.completion_tokens < 24
+
+
+def test_json_mode_refuses_a_schema_and_tools_by_name(client: openai.OpenAI) -> None:
+    schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=TINY_MODEL, messages=[USER], response_format=schema)
+    assert caught.value.body["param"] == "response_format" and "json_schema" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=TINY_MODEL, messages=[USER], response_format={"type": "json_object"},
+                                       tools=TOOLS)
+    assert caught.value.body["param"] == "response_format" and "tools" in caught.value.message

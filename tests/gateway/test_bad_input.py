@@ -59,7 +59,8 @@ def test_unparseable_bodies_are_400(
         ({"stream": "yes please"}, "stream"),
         ({"logit_bias": {"eos": -100}}, "logit_bias"),
         ({"store": True}, "store"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )

@@ -94,6 +94,18 @@ def test_bench_decode_writes_reports_with_ratios_and_a_passing_lossless_check(ti
     assert "| arbor ngram |" in capsys.readouterr().out
 
 
+def test_bench_decode_in_json_mode_checks_the_answers_and_times_the_mask_beside_plain_text(tiny_model, tmp_path):
+    report = bench_report(["bench", "decode", "--model", str(tiny_model), "--modes", "none,ngram", "--prompts", "2",
+                           "--max-tokens", "16", "--json-mode"], tmp_path, "decode")
+    contenders = {c["name"]: c for c in report["contenders"]}
+    assert set(contenders) == {"arbor none", "arbor ngram", "arbor none, text"}
+    assert contenders["arbor none, text"]["tokens"] == 2 * 16  # EOS ignored: the whole budget
+    assert report["lossless"]["identical"] is True and report["lossless"]["modes"] == ["none", "ngram"]
+    assert report["json_check"]["json_so_far"] == 2
+    assert "transformers" in {item["name"] for item in report["unavailable"]}
+    assert "**JSON mode**" in (tmp_path / "decode.md").read_text()
+
+
 def test_bench_decode_reports_a_missing_drafter_as_unavailable(tiny_model, tmp_path):
     report = bench_report(["bench", "decode", "--model", str(tiny_model), "--modes", "none,dflash", "--prompts", "1",
                            "--max-tokens", "2", "--no-transformers"], tmp_path, "decode")

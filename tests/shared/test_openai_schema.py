@@ -100,6 +100,12 @@ def test_a_full_vllm_style_chat_request_is_accepted() -> None:
     assert (params.max_tokens, params.stop, params.stop_token_ids) == (100, ["</s>", "\n\n"], [7])
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.1, 0.2, 1.1)
     assert params.logit_bias == {50256: -100.0, 7: 2.0}
+    assert not params.json_object
+
+
+def test_json_object_response_format_is_json_mode_for_the_sampler() -> None:
+    assert to_sampling_params(chat(response_format={"type": "json_object"})).json_object
+    assert not to_sampling_params(chat(response_format={"type": "text"})).json_object
 
 
 def test_defaults_follow_openai() -> None:
@@ -144,6 +150,10 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"logit_bias": {"7": 100.5}}, "logit_bias"),
         ({"logit_bias": {"7": "2"}}, "logit_bias.7"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "text", "json_schema": {"name": "x"}}}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "w"}}]},
+         "response_format"),
+        ({"response_format": {"type": "json_object"}, "min_tokens": 1}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"max_tokens": 1001}, "max_tokens"),
         ({"max_completion_tokens": 1001}, "max_completion_tokens"),

@@ -142,3 +142,15 @@ def test_logit_bias_reaches_the_sampler_and_ids_outside_the_vocabulary_are_rejec
     with pytest.raises(JobRejected) as caught:
         spec_of(base, {"model": "tiny", "messages": messages, "logit_bias": {str(vocab_size): 1}})
     assert caught.value.code == ErrorCode.INVALID_REQUEST and "logit_bias" in str(caught.value)
+
+
+def test_json_mode_is_refused_where_the_answer_would_start_by_reasoning(base):
+    messages = [{"role": "user", "content": "Hi"}]
+    json_mode = {"model": "tiny", "messages": messages, "response_format": {"type": "json_object"}}
+    # A prompt that closed (or never opened) the think block: JSON from the first token.
+    spec = spec_of(base, json_mode | {"chat_template_kwargs": {"enable_thinking": False}})
+    assert spec.params.json_object
+    for model, extra in ((with_template(base, THINKING), {}), (base, {"reasoning_budget": 8})):
+        with pytest.raises(JobRejected) as caught:
+            spec_of(model, json_mode | extra)
+        assert caught.value.code == ErrorCode.INVALID_REQUEST and "json_object" in str(caught.value)

@@ -1,6 +1,7 @@
 """Raw logits -> the target's processed distribution, and one token drawn from it.
 
-Processing follows vLLM's v1 sampler, in its order:
+Processing follows vLLM's v1 sampler, in its order, after JSON mode's mask (tokens that would
+break the JSON become -inf first, as vLLM applies its grammar bitmask before sampling):
   0. min tokens (vLLM's `min_tokens`): a row that has generated fewer cannot pick a stop id (EOS
      unless ignore_eos, stop_token_ids): their logits become -inf;
   1. logit bias (OpenAI's `logit_bias`): each listed token's bias added to its raw logit;
@@ -43,6 +44,7 @@ def process_logits(
     prompt_ids: Sequence[int] | torch.Tensor,
     output_ids: Sequence[Sequence[int]],
     stop_ids: Collection[int] = (),  # the sequence's: what min_tokens holds back
+    allowed: torch.Tensor | None = None,  # [V] bool, JSON mode's: every other token is masked
 ) -> torch.Tensor:  # [N, V]
     """Row i has generated `output_ids[i]` after the shared prompt (rows are tree nodes or lanes).
 
@@ -50,6 +52,8 @@ def process_logits(
     """
     assert logits.dim() == 2 and logits.shape[0] == len(output_ids), (tuple(logits.shape), len(output_ids))
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    if allowed is not None:
+        logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
     _apply_min_tokens(logits, params.min_tokens, output_ids, stop_ids)
     _apply_logit_bias(logits, params.logit_bias)
     _apply_penalties(logits, params, prompt_ids, output_ids)
@@ -107,10 +111,10 @@ def logprobs_of(logits_row: torch.Tensor, token_id: int, num_top: int) -> TokenL
 
 def changes_greedy_choice(params: SamplingParams) -> bool:
     """Whether processing can move the argmax, i.e. a greedy token is not simply the raw logits'
-    argmax (masks and temperature cannot; bias and penalties can). min_tokens can too, but only
-    while the sequence is short: the caller checks that."""
+    argmax (temperature and top-k/p/min-p masks cannot; bias, penalties and JSON mode's mask can).
+    min_tokens can too, but only while the sequence is short: the caller checks that."""
     return bool(params.logit_bias) or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 \
-        or params.frequency_penalty != 0.0
+        or params.frequency_penalty != 0.0 or params.json_object
 
 
 def _apply_min_tokens(logits: torch.Tensor, min_tokens: int, output_ids: Sequence[Sequence[int]],

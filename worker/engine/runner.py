@@ -15,6 +15,7 @@ import torch
 
 from shared.sampling import SamplingParams
 from worker.drafters.base import Drafter, TargetStates
+from worker.engine.json_constraint import JsonConstraint, JsonMasks
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, tree_inputs
@@ -26,6 +27,10 @@ EMPTY_TREE = DraftTree([], [], [])
 
 class ContextLengthError(ValueError):
     """prompt + max_tokens does not fit the model's (or the worker's) context window."""
+
+
+class NoJsonMode(ValueError):
+    """A JSON-mode request for a runner without the tokenizer's bytes (see `json_masks`)."""
 
 
 class ModelRunner:
@@ -40,6 +45,8 @@ class ModelRunner:
         # Called after each decode step with the raw logits rows [num_emitted, vocab] that chose the
         # emitted tokens (logprobs for the serving side); None costs nothing.
         self.logits_observer: Callable[[Sequence, torch.Tensor, list[int]], None] | None = None
+        # JSON mode's masks; set where the tokenizer is known (worker.serving_model).
+        self.json_masks: JsonMasks | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -62,6 +69,10 @@ class ModelRunner:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         sequence = Sequence(request_id, list(prompt_ids), params, self.decoder.new_cache(capacity),
                             make_generator(params.seed), output_ids=list(resumed_ids), stop_ids=stop_ids)
+        if params.json_object:
+            if self.json_masks is None:
+                raise NoJsonMode("JSON mode needs the model's tokenizer: load it with worker.serving_model")
+            sequence.constraint = JsonConstraint(self.json_masks, stop_ids)
         if self.drafter is not None:
             sequence.drafter_state = self.drafter.start(sequence)
         self._finish_if_done(sequence)

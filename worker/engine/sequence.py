@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from shared.sampling import SamplingParams
+from worker.engine.json_constraint import JsonConstraint
 from worker.engine.stats import SpecStats
 from worker.models.kv_cache import KVCache
 
@@ -29,6 +30,7 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop", "length"; set by the runner or the text pipeline
     stop_ids: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignore_eos) and stop_token_ids
+    constraint: JsonConstraint | None = None  # JSON mode's progress (params.json_object)
 
     @property
     def token_ids(self) -> list[int]:

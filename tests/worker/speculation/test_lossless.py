@@ -15,7 +15,10 @@ import pytest
 
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints
+from worker.constraints.json_grammar import INITIAL, feed, is_complete
+from worker.constraints.json_vocabulary import byte_level_token_bytes
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.json_constraint import JsonMasks
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
@@ -28,6 +31,8 @@ GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
 PENALIZED = SamplingParams(max_tokens=32, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5,
                            frequency_penalty=0.2)
 NUM_BANNED = 6  # the tokens plain greedy decoding emits most, banned with logit_bias -100
+JSON_GREEDY = SamplingParams(max_tokens=40, json_object=True)
+JSON_SAMPLED = SamplingParams(max_tokens=40, json_object=True, temperature=1.0, seed=7)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,7 +50,16 @@ def loaded(family: str) -> LoadedModel:
 def runner_for(family: str, mode: str) -> ModelRunner:
     model = loaded(family)
     options = DraftOptions(draft=speculation_checkpoints(family).dflash if mode in ("dflash", "tree") else None)
-    return ModelRunner(model.decoder, model.checkpoint.eos_token_ids, load_drafter(mode, model, options))
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, load_drafter(mode, model, options))
+    runner.json_masks = json_masks(family)
+    return runner
+
+
+@functools.cache
+def json_masks(family: str) -> JsonMasks:
+    model = loaded(family)
+    return JsonMasks(functools.partial(byte_level_token_bytes, model.tokenizer), model.config.vocab_size,
+                     model.checkpoint.eos_token_ids)
 
 
 def make_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
@@ -77,7 +91,8 @@ def decode(runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, s
 
 @functools.cache
 def outputs(family: str, mode: str, params_name: str, num_prompts: int) -> tuple[list[list[int]], SpecStats]:
-    params = {"greedy": GREEDY, "penalized": PENALIZED}.get(params_name) or biased_params(family)
+    params = {"greedy": GREEDY, "penalized": PENALIZED, "json": JSON_GREEDY, "json_sampled": JSON_SAMPLED}.get(
+        params_name) or biased_params(family)
     prompts = make_prompts(loaded(family).config.vocab_size, num_prompts, seed=FAMILIES.index(family))
     stats = SpecStats()
     return [decode(runner_for(family, mode), prompt, params, stats) for prompt in prompts], stats
@@ -138,6 +153,27 @@ def test_greedy_with_logit_bias_equals_plain_decoding(family, mode):
     banned = {t for t, bias in biased_params(family).logit_bias.items() if bias < 0}
     assert not banned & {t for tokens in expected for t in tokens}, "a banned token was emitted"
     assert_same_tokens(expected, outputs(family, mode, "biased", 4)[0], mode)
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+@pytest.mark.parametrize("params_name", ["json", "json_sampled"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_json_mode_writes_json_and_equals_plain_decoding(family, params_name, mode):
+    """Every output is JSON as far as it goes, an object when it ended on EOS (checked on plain
+    decoding's output, so a verifier that skipped the mask fails here too), and every mode emits
+    plain decoding's very tokens, drawn or greedy."""
+    expected, _ = outputs(family, "none", params_name, 6)
+    token_bytes = byte_level_token_bytes(loaded(family).tokenizer)
+    eos_ids = loaded(family).checkpoint.eos_token_ids
+    for tokens in expected:
+        ended = bool(tokens) and tokens[-1] in eos_ids
+        state = feed(INITIAL, b"".join(token_bytes[t] for t in (tokens[:-1] if ended else tokens)))
+        assert state is not None, "not JSON"
+        if ended:
+            assert is_complete(state), "EOS before the object closed"
+    got, stats = outputs(family, mode, params_name, 6)
+    assert_same_tokens(expected, got, mode)
+    assert stats.draft_tokens > 0
 
 
 @pytest.mark.parametrize("mode", MODES)
