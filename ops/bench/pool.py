@@ -45,26 +45,39 @@ def pair_ratio(pair: dict, kind: str) -> float | None:
     return local_s / gateway_s if gateway_s and local_s else None
 
 
-def pooled(pairs: list[dict], kind: str, quiet_only: bool = False) -> dict | None:
-    kept = [pair for pair in pairs if not quiet_only or (pair["other_cores"] is not None
-                                                         and pair["other_cores"] < QUIET_CORES)]
-    return median_with_interval([ratio for pair in kept if (ratio := pair_ratio(pair, kind)) is not None])
+def pooled(pairs: list[dict], kind: str) -> dict | None:
+    return median_with_interval([ratio for pair in pairs if (ratio := pair_ratio(pair, kind)) is not None])
+
+
+def _quiet(pair: dict) -> bool:
+    return pair["other_cores"] is not None and pair["other_cores"] < QUIET_CORES
+
+
+def rate_ratio(pairs: list[dict]) -> float | None:
+    """Gateway tokens/s over in-process tokens/s, all tokens over all time: a pair's two requests
+    have the same token count, so it is the in-process seconds over the gateway's."""
+    both = [(pair["gateway_e2e_s"], pair["local_e2e_s"]) for pair in pairs if pair["gateway_e2e_s"] and pair["local_e2e_s"]]
+    return sum(local_s for _, local_s in both) / sum(gateway_s for gateway_s, _ in both) if both else None
 
 
 def pool_markdown(runs: list[tuple[str, list[dict]]]) -> str:
-    rows = [[name, str(len(pairs)), *(_cell(pooled(pairs, kind)) for kind, _ in RATIOS)] for name, pairs in runs]
+    def row(name: str, pairs: list[dict], quiet_only: bool = False) -> list[str]:
+        kept = [pair for pair in pairs if not quiet_only or _quiet(pair)]
+        rate = rate_ratio(kept)
+        return [name, str(len(kept)), "—" if rate is None else f"{rate:.3f}",
+                *(_cell(pooled(kept, kind)) for kind, _ in RATIOS)]
+
     everything = [pair for _, pairs in runs for pair in pairs]
-    rows.append([f"**pooled, {len(runs)} runs**", str(len(everything)), *(_cell(pooled(everything, kind))
-                                                                          for kind, _ in RATIOS)])
-    rows.append([f"pooled, quiet pairs (others < {QUIET_CORES:g} core)",
-                 str(sum(1 for pair in everything if pair["other_cores"] is not None
-                         and pair["other_cores"] < QUIET_CORES)),
-                 *(_cell(pooled(everything, kind, quiet_only=True)) for kind, _ in RATIOS)])
-    headers = ["run", "pairs", *(f"paired ratio {what} (95% interval)" for _, what in RATIOS)]
+    rows = [row(name, pairs) for name, pairs in runs]
+    rows += [row(f"**pooled, {len(runs)} runs**", everything),
+             row(f"pooled, quiet pairs (others < {QUIET_CORES:g} core)", everything, quiet_only=True)]
+    headers = ["run", "pairs", "tokens/s ratio, end to end",
+               *(f"paired ratio {what} (95% interval)" for _, what in RATIOS)]
     return "\n".join(["# Gateway + Redis vs in-process generate, pooled pair by pair", "",
                       markdown_table(headers, rows), "",
-                      "Each pair: in-process time over gateway time, same prompt, run back to back; medians with a "
-                      "95% bootstrap interval of the median.", ""])
+                      "Tokens/s ratio: all gateway tokens over all gateway time, against the same for in-process "
+                      "generate. Each pair: in-process time over gateway time, same prompt, run back to back; "
+                      "medians with a 95% bootstrap interval of the median.", ""])
 
 
 def _cell(summary: dict | None) -> str:

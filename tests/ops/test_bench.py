@@ -202,9 +202,10 @@ def test_bench_pool_pools_the_pairs_of_several_runs_and_names_a_report_without_t
         pair(1.0, 0.9, 1.0), pair(1.0, 0.9, None), pair(None, 0.9, 0.0)]}}))
     assert main(["bench", "pool", str(tmp_path / "a"), str(tmp_path / "b.json")]) == 0
     table = capsys.readouterr().out
-    assert "| **pooled, 2 runs** | 6 | 0.980 (0.900-0.980) | 0.980 (0.900-0.980) |" in table
-    assert f"| pooled, quiet pairs (others < {QUIET_CORES:g} core) | 4 | 0.980 (0.980-0.980) |" in table
-    assert "| " + str(tmp_path / "b.json") + " | 3 | 0.900 (0.900-0.900) |" in table
+    # Tokens/s, all tokens over all time: (3 × 0.98 + 2 × 0.9) / 5 s of gateway time (the failed pair left out).
+    assert "| **pooled, 2 runs** | 6 | 0.948 | 0.980 (0.900-0.980) | 0.980 (0.900-0.980) |" in table
+    assert f"| pooled, quiet pairs (others < {QUIET_CORES:g} core) | 4 | 0.980 | 0.980 (0.980-0.980) |" in table
+    assert "| " + str(tmp_path / "b.json") + " | 3 | 0.900 | 0.900 (0.900-0.900) |" in table
 
     (tmp_path / "old.json").write_text(json.dumps({"comparison": {"paired_ratio": {}}}))
     assert main(["bench", "pool", str(tmp_path / "old.json")]) == 2
