@@ -57,7 +57,7 @@ def load_serving_model(model: str | Path | None = None, speculation: str = "none
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
     runner = ModelRunner(loaded.decoder, loaded.checkpoint.eos_token_ids, drafter, max_context, max_nodes)
     runner.json_masks = JsonMasks(partial(byte_level_token_bytes, loaded.tokenizer), runner.vocab_size,
-                                  loaded.checkpoint.eos_token_ids)  # built by the first JSON-mode request
+                                  loaded.checkpoint.eos_token_ids, loaded.decoder.device)  # built on first use
     source = loaded.checkpoint.chat_template
     template = ChatTemplate(source, loaded.checkpoint.special_tokens) if source else None
     return ServingModel(loaded.name, speculation, loaded, runner, template)

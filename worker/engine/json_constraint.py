@@ -28,9 +28,11 @@ MAX_CACHED_MASKS = 256  # of vocab_size bools each: 12 MB for a 49k vocabulary
 
 
 class JsonMasks:
-    def __init__(self, token_bytes: Callable[[], list[bytes | None]], vocab_size: int, eos_ids: Collection[int]):
+    def __init__(self, token_bytes: Callable[[], list[bytes | None]], vocab_size: int, eos_ids: Collection[int],
+                 device: torch.device | str = "cpu"):
         self._token_bytes_source = token_bytes
         self._vocab_size = vocab_size  # the logits' width: the model's, which may exceed the tokenizer's
+        self._device = device  # the logits': a cached mask is not copied to the GPU at every step
         self._eos_ids = frozenset(eos_ids)
         self._lock = threading.Lock()  # built by whichever thread asks first
         self._vocabulary: JsonVocabulary | None = None
@@ -63,7 +65,7 @@ class JsonMasks:
     def _ids_mask(self, token_ids: Collection[int]) -> torch.Tensor:
         mask = torch.zeros(self._vocab_size, dtype=torch.bool)
         mask[torch.tensor(sorted(token_ids), dtype=torch.long)] = True
-        return mask
+        return mask.to(self._device)
 
 
 class JsonConstraint:
