@@ -31,6 +31,8 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json-mode", action="store_true",
+                        help="the answer is one JSON object (the API's response_format json_object)")
     parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     parser.set_defaults(handler=run_generate)
 
@@ -58,7 +60,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        min_p=args.min_p, seed=args.seed, stop=list(args.stop),
+        min_p=args.min_p, seed=args.seed, stop=list(args.stop), json_object=args.json_mode,
     )
     served = load_serving_model(args.model, args.speculation, draft_options(args), args.dtype,
                                 num_threads=args.threads, cache_dir=WorkerSettings().cache_dir)

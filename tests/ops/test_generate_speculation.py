@@ -59,3 +59,19 @@ def test_a_mode_without_its_drafter_fails_with_one_clear_line(capsys, plain_targ
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "--draft PATH" in captured.err and captured.err.count("\n") == 1
+
+
+def test_json_mode_answers_with_json_in_every_mode(capsys):
+    """Greedy JSON from a random model: the same tokens in every mode, and JSON as far as they go."""
+    from worker.constraints.json_grammar import INITIAL, feed
+
+    target = speculation_checkpoints("qwen3").target
+    results = []
+    for mode in ("none", "ngram"):
+        argv = ["generate", "--model", str(target), "--prompt", PROMPT, "--speculation", mode, "--max-tokens", "24",
+                "--dtype", "float64", "--threads", "1", "--json-mode", "--json"]
+        with one_torch_thread():
+            assert main(argv) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["token_ids"] == results[1]["token_ids"]
+    assert feed(INITIAL, results[0]["text"].encode()) is not None, results[0]["text"]
