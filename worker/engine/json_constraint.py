@@ -39,6 +39,10 @@ class JsonMasks:
         self.token_bytes: list[bytes | None] = []
         self._masks: OrderedDict[State, torch.Tensor] = OrderedDict()
 
+    @property
+    def prepared(self) -> bool:
+        return self._vocabulary is not None
+
     def prepare(self) -> None:
         """Build the index now (the worker does, off the owner thread, before a JSON request runs);
         raises UnsupportedVocabulary where the tokenizer gives no token bytes."""
