@@ -203,3 +203,20 @@ def test_greedy_tokens_equal_plain_decoding_many_prompts(family, mode):
     expected, _ = outputs(family, "none", "greedy", 40)
     got, _ = outputs(family, mode, "greedy", 40)
     assert_same_tokens(expected, got, mode)
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram"])
+def test_a_json_mode_sequence_resumed_after_a_crash_goes_on_as_if_uninterrupted(mode):
+    """Crash recovery replays the tokens a dead worker emitted as `resumed_ids`: the JSON state is
+    rebuilt from them, so the rest is what the uninterrupted run wrote."""
+    family = FAMILIES[0]
+    runner = runner_for(family, mode)
+    prompt = make_prompts(loaded(family).config.vocab_size, 1, seed=5)[0]
+    whole = decode(runner, prompt, JSON_GREEDY, SpecStats())
+    assert len(whole) > 12
+    sequence = runner.start("resumed", prompt, JSON_GREEDY, resumed_ids=whole[:9])
+    while sequence.num_to_prefill > 0:
+        runner.prefill(sequence, PREFILL_CHUNK)
+    while not sequence.finished:
+        runner.decode_step(sequence)
+    assert sequence.output_ids == whole
