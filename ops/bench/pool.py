@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ops.bench.results import markdown_table, median_with_interval
-from ops.bench.serving import QUIET_CORES
+from ops.bench.pairs import QUIET_CORES, is_quiet, pooled, rate_ratio
+from ops.bench.results import markdown_table
 
 RATIOS = (("e2e", "over end-to-end time"), ("tpot", "after the first text"))
 
@@ -39,30 +39,9 @@ def load_pairs(path: Path) -> list[dict]:
     return pairs
 
 
-def pair_ratio(pair: dict, kind: str) -> float | None:
-    """In-process time over gateway time for one pair, `kind` "e2e" or "tpot"; None if either failed."""
-    gateway_s, local_s = pair[f"gateway_{kind}_s"], pair[f"local_{kind}_s"]
-    return local_s / gateway_s if gateway_s and local_s else None
-
-
-def pooled(pairs: list[dict], kind: str) -> dict | None:
-    return median_with_interval([ratio for pair in pairs if (ratio := pair_ratio(pair, kind)) is not None])
-
-
-def _quiet(pair: dict) -> bool:
-    return pair["other_cores"] is not None and pair["other_cores"] < QUIET_CORES
-
-
-def rate_ratio(pairs: list[dict]) -> float | None:
-    """Gateway tokens/s over in-process tokens/s, all tokens over all time: a pair's two requests
-    have the same token count, so it is the in-process seconds over the gateway's."""
-    both = [(pair["gateway_e2e_s"], pair["local_e2e_s"]) for pair in pairs if pair["gateway_e2e_s"] and pair["local_e2e_s"]]
-    return sum(local_s for _, local_s in both) / sum(gateway_s for gateway_s, _ in both) if both else None
-
-
 def pool_markdown(runs: list[tuple[str, list[dict]]]) -> str:
     def row(name: str, pairs: list[dict], quiet_only: bool = False) -> list[str]:
-        kept = [pair for pair in pairs if not quiet_only or _quiet(pair)]
+        kept = [pair for pair in pairs if not quiet_only or is_quiet(pair)]
         rate = rate_ratio(kept)
         return [name, str(len(kept)), "—" if rate is None else f"{rate:.3f}",
                 *(_cell(pooled(kept, kind)) for kind, _ in RATIOS)]

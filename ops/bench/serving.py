@@ -25,17 +25,15 @@ from tqdm import tqdm
 from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
 from ops.bench.plots import serving_figure
 from ops.bench.machine_load import OtherLoad
-from ops.bench.results import (SIDE_BY_SIDE_NOTE, machine_info, median_with_interval, parse_int_list, percentile,
-                                ratio, results_dir, write_json)
+from ops.bench.pairs import QUIET_CORES, is_quiet, pooled
+from ops.bench.results import (SIDE_BY_SIDE_NOTE, machine_info, parse_int_list, percentile, ratio, results_dir,
+                                write_json)
 from ops.bench.serving_report import serving_markdown
 from ops.bench.stack import Stack, raise_keyboard_interrupt_on_sigterm
 from ops.training.prompts import HELD_OUT
 from shared.settings import WorkerSettings
 
 WARMUP_TOKENS = 8
-# A pair is "quiet" when processes outside the benchmark took less than this many cores during it:
-# the serving path then had its second core (ops.bench.machine_load).
-QUIET_CORES = 0.25
 
 
 @dataclass(slots=True, frozen=True)
@@ -224,28 +222,29 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord],
                        other_cores: list[float | None] | None = None) -> dict:
     """Tokens/s over end-to-end time (TTFT included: the issue-6 figure), the same after the first
     text (the streaming rate, TTFT left to its own figure), and the TTFT p50 the gateway adds; both
-    rates also request by request (see `paired_ratio`), over all pairs and over the quiet ones:
+    rates also request by request (`ops.bench.pairs`), over all pairs and over the quiet ones:
     those during which other processes took under QUIET_CORES of the machine (see
     `ops.bench.machine_load`; None where it cannot be measured)."""
     paths = {name: _path_summary(records) for name, records in (("gateway", gateway), ("in_process", local))}
     ttft = [paths[name]["ttft_ms"]["p50"] for name in ("gateway", "in_process")]
-    measured = [cores for cores in other_cores or [] if cores is not None]
-    quiet = [cores is not None and cores < QUIET_CORES for cores in other_cores or []]
+    pairs = _pairs(gateway, local, other_cores or [None] * len(gateway))
+    measured = [pair["other_cores"] for pair in pairs if pair["other_cores"] is not None]
+    quiet = [pair for pair in pairs if is_quiet(pair)]
     return {
         **paths, "requests": len(gateway),
         "tokens_per_s_ratio": ratio(paths["gateway"]["tokens_per_s"], paths["in_process"]["tokens_per_s"]),
         "decode_tokens_per_s_ratio": ratio(paths["gateway"]["decode_tokens_per_s"],
                                            paths["in_process"]["decode_tokens_per_s"]),
         "added_ttft_p50_ms": None if None in ttft else round(ttft[0] - ttft[1], 2),
-        "paired_ratio": paired_ratio(gateway, local, "e2e_s"),
-        "paired_decode_ratio": paired_ratio(gateway, local, "tpot_s"),
+        "paired_ratio": pooled(pairs, "e2e"),
+        "paired_decode_ratio": pooled(pairs, "tpot"),
         "other_load": {
             "quiet_below_cores": QUIET_CORES,
             "cores_p50": _rounded(percentile(measured, 50)), "cores_p90": _rounded(percentile(measured, 90)),
-            "paired_ratio_quiet": paired_ratio(gateway, local, "e2e_s", quiet) if measured else None,
-            "paired_decode_ratio_quiet": paired_ratio(gateway, local, "tpot_s", quiet) if measured else None,
+            "paired_ratio_quiet": pooled(quiet, "e2e") if measured else None,
+            "paired_decode_ratio_quiet": pooled(quiet, "tpot") if measured else None,
         },
-        "pairs": _pairs(gateway, local, other_cores or [None] * len(gateway)),
+        "pairs": pairs,
     }
 
 
@@ -258,20 +257,6 @@ def _pairs(gateway: list[RequestRecord], local: list[RequestRecord], other_cores
              "local_e2e_s": seconds(l.e2e_s) if l.ok else None, "local_tpot_s": seconds(l.tpot_s) if l.ok else None,
              "other_cores": _rounded(cores)}
             for g, l, cores in zip(gateway, local, other_cores, strict=True)]
-
-
-def paired_ratio(gateway: list[RequestRecord], local: list[RequestRecord], per_request: str,
-                 keep: list[bool] | None = None) -> dict | None:
-    """The rate ratio request by request (the i-th gateway request against the i-th in-process one,
-    run back to back with the same prompt and token count), from `per_request` time ("e2e_s": over
-    end-to-end time; "tpot_s": after the first text): its median, and a 95% bootstrap interval of
-    that median. Pairs share the machine's state at the time, so the VM's drift, which moves whole
-    minutes by up to 30%, cancels out of each pair instead of widening the spread; and a few slow
-    stretches move the median less than the pooled rate. `keep`: only the pairs marked True."""
-    keep = keep if keep is not None else [True] * len(gateway)
-    times = [(getattr(g, per_request), getattr(l, per_request)) for g, l, kept in zip(gateway, local, keep, strict=True)
-             if kept and g.ok and l.ok]
-    return median_with_interval([local_s / gateway_s for gateway_s, local_s in times if gateway_s and local_s])
 
 
 def _rounded(value: float | None) -> float | None:

@@ -10,7 +10,8 @@ import pytest
 
 from ops.bench.client import RequestRecord, latency_ms
 from ops.bench.results import percentile
-from ops.bench.serving import QUIET_CORES, comparison_summary, paired_ratio
+from ops.bench.pairs import QUIET_CORES
+from ops.bench.serving import comparison_summary
 from ops.cli import main
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
@@ -36,12 +37,12 @@ def test_the_paired_ratio_compares_neighbours_and_ignores_failed_pairs():
     # machine slows 3x halfway: pooled rates would mix the two halves, the pairs do not.
     gateway = [record(0.1, 1.1)] * 5 + [record(0.3, 3.3)] * 5 + [record(0.1, 0.5, ok=False)]
     local = [record(0.05, 0.95)] * 5 + [record(0.15, 2.85)] * 5 + [record(0.05, 0.95)]
-    paired = paired_ratio(gateway, local, "tpot_s")
+    paired = comparison_summary(gateway, local)["paired_decode_ratio"]
     assert paired["pairs"] == 10
     assert paired["median"] == pytest.approx(0.9) and paired["ci95"] == pytest.approx([0.9, 0.9])
-    assert paired_ratio([record(0.1, 0.5, ok=False)], [record(0.1, 0.5)], "tpot_s") is None
+    assert comparison_summary([record(0.1, 0.5, ok=False)], [record(0.1, 0.5)])["paired_decode_ratio"] is None
     # Over end-to-end time (TTFT included) each pair is 0.95/1.1 and 2.85/3.3: 0.8636 either way.
-    end_to_end = paired_ratio(gateway, local, "e2e_s")
+    end_to_end = comparison_summary(gateway, local)["paired_ratio"]
     assert end_to_end["pairs"] == 10 and end_to_end["median"] == pytest.approx(0.8636, abs=1e-4)
 
 
