@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import tokenizers
 import torch
 
 from worker.chat.template import ChatTemplate, ChatTemplateError
-from worker.constraints.json_vocabulary import byte_level_token_bytes
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.json_constraint import JsonMasks
 from worker.engine.runner import ModelRunner
@@ -56,8 +54,7 @@ def load_serving_model(model: str | Path | None = None, speculation: str = "none
     drafter = load_drafter(speculation, loaded, options)
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
     runner = ModelRunner(loaded.decoder, loaded.checkpoint.eos_token_ids, drafter, max_context, max_nodes)
-    runner.json_masks = JsonMasks(partial(byte_level_token_bytes, loaded.tokenizer), runner.vocab_size,
-                                  loaded.checkpoint.eos_token_ids, loaded.decoder.device)  # built on first use
+    runner.json_masks = JsonMasks.for_model(loaded)  # its index is built on first use
     source = loaded.checkpoint.chat_template
     template = ChatTemplate(source, loaded.checkpoint.special_tokens) if source else None
     return ServingModel(loaded.name, speculation, loaded, runner, template)

@@ -108,7 +108,6 @@ def arbor_contenders(served: ServingModel, config: DecodeConfig) -> tuple[list[C
         except (ValueError, OSError) as error:  # DrafterError / CheckpointError are ValueErrors
             unavailable.append({"name": name, "reason": str(error).splitlines()[0]})
             continue
-        runner.json_masks = served.runner.json_masks  # one index per model, shared by every mode
         contenders.append(Contender(name, "arbor", _arbor_run(runner, served, config.temperature, config.json_mode)))
     return contenders, unavailable
 
@@ -122,7 +121,9 @@ def _mode_runner(served: ServingModel, mode: str, options: DraftOptions) -> Mode
     """A runner with `mode`'s drafter over the already loaded target (as load_serving_model builds it)."""
     drafter = load_drafter(mode, served.loaded, options)
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
-    return ModelRunner(served.loaded.decoder, served.loaded.checkpoint.eos_token_ids, drafter, None, max_nodes)
+    runner = ModelRunner(served.loaded.decoder, served.loaded.checkpoint.eos_token_ids, drafter, None, max_nodes)
+    runner.json_masks = served.runner.json_masks  # one index per model, shared by every mode
+    return runner
 
 
 def _arbor_run(runner: ModelRunner, served: ServingModel, temperature: float, json_mode: bool = False):

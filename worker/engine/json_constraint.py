@@ -18,11 +18,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from worker.constraints.json_grammar import INITIAL, State, feed, is_complete
-from worker.constraints.json_vocabulary import JsonVocabulary
+from worker.constraints.json_vocabulary import JsonVocabulary, byte_level_token_bytes
+
+if TYPE_CHECKING:
+    from worker.models.loader import LoadedModel
 
 MAX_CACHED_MASKS = 256  # of vocab_size bools each: 12 MB for a 49k vocabulary
 
@@ -39,6 +44,12 @@ class JsonMasks:
         self.token_bytes: list[bytes | None] = []
         self._masks: OrderedDict[State, torch.Tensor] = OrderedDict()
 
+    @classmethod
+    def for_model(cls, model: LoadedModel) -> JsonMasks:
+        """The masks of a loaded model: its tokenizer's bytes, its logits' width, EOS and device."""
+        return cls(partial(byte_level_token_bytes, model.tokenizer), model.config.vocab_size,
+                   model.checkpoint.eos_token_ids, model.decoder.device)
+
     @property
     def prepared(self) -> bool:
         return self._vocabulary is not None
@@ -46,6 +57,8 @@ class JsonMasks:
     def prepare(self) -> None:
         """Build the index now (the worker does, off the owner thread, before a JSON request runs);
         raises UnsupportedVocabulary where the tokenizer gives no token bytes."""
+        if self._vocabulary is not None:  # the common case, on every masked row: no lock
+            return
         with self._lock:
             if self._vocabulary is None:
                 self.token_bytes = self._token_bytes_source()

@@ -57,9 +57,7 @@ def runner_for(family: str, mode: str) -> ModelRunner:
 
 @functools.cache
 def json_masks(family: str) -> JsonMasks:
-    model = loaded(family)
-    return JsonMasks(functools.partial(byte_level_token_bytes, model.tokenizer), model.config.vocab_size,
-                     model.checkpoint.eos_token_ids)
+    return JsonMasks.for_model(loaded(family))
 
 
 def make_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
