@@ -5,7 +5,8 @@ belong to P0 and choices 2 and 3 to P1. Each prompt's job is an ordinary single-
 choices 0..n-1), so workers know nothing of batches; this renumbers its events. The jobs run
 side by side, on one worker or several, and their events go out as they arrive.
 
-It answers to what the routes use of a `Generation` (open, close, batches, finished, outcome), so a request with one prompt goes the plain way, at no cost for the merging.
+It answers to what the routes use of a `Generation` (open, close, batches, finished, outcome),
+so a request with one prompt goes the plain way, at no cost for the merging.
 Any prompt's failure fails the whole request, and `close()` cancels whatever is unfinished.
 """
 

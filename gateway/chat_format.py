@@ -49,9 +49,7 @@ class ChatFormat:
         logprobs = self._logprobs(event.logprobs)
         if not delta.model_fields_set and logprobs is None:
             return None  # e.g. tokens of a think tag: nothing for the client
-        return self._chunk(
-            [ChunkChoice(index=event.choice, delta=delta, logprobs=logprobs, finish_reason=None)]
-        )
+        return self._chunk([ChunkChoice(index=event.choice, delta=delta, logprobs=logprobs, finish_reason=None)])
 
     def usage_chunk(self, usage: UsageInfo) -> ChatCompletionChunk:
         return self._chunk([], usage)
@@ -103,7 +101,5 @@ def _delta(event: DeltaEvent) -> DeltaMessage:
         delta.reasoning_content = event.reasoning
     if event.tool_calls:
         # Re-validated without nulls, so exclude_unset drops what this fragment does not carry.
-        delta.tool_calls = [
-            ToolCallDelta.model_validate(c.model_dump(exclude_none=True)) for c in event.tool_calls
-        ]
+        delta.tool_calls = [ToolCallDelta.model_validate(c.model_dump(exclude_none=True)) for c in event.tool_calls]
     return delta

@@ -26,9 +26,7 @@ class CompletionFormat:
 
     def chunk(self, event: DeltaEvent | FinalEvent) -> Completion | None:
         if isinstance(event, FinalEvent):
-            choice = CompletionChoice(
-                index=event.choice, text="", logprobs=None, finish_reason=event.finish_reason
-            )
+            choice = CompletionChoice(index=event.choice, text="", logprobs=None, finish_reason=event.finish_reason)
             return self._completion([choice])
         logprobs = self._logprobs(event.choice, event.logprobs or [])
         if not event.text and logprobs is None:

@@ -57,9 +57,7 @@ class GenerationFailed(Exception):
 
 
 class Generation:
-    def __init__(
-        self, svc: Services, job: Job, num_choices: int, watch: DisconnectWatch, arrived: float
-    ) -> None:
+    def __init__(self, svc: Services, job: Job, num_choices: int, watch: DisconnectWatch, arrived: float) -> None:
         self._svc = svc
         self.job = job
         self._num_choices = num_choices

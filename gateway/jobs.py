@@ -37,8 +37,9 @@ class QueueFull(Exception):
         self.length = length
 
 
-def new_job(kind: JobKind, req: GenerationRequest, default_max_tokens: int, timeout_s: float,
-            make_id: Callable[[str], str]) -> Job:
+def new_job(
+    kind: JobKind, req: GenerationRequest, default_max_tokens: int, timeout_s: float, make_id: Callable[[str], str]
+) -> Job:
     """The job for a validated request; max_tokens is resolved here so workers see one number.
     `make_id` turns the id prefix into a request id (the event hub's, so it hears the events)."""
     updates: dict[str, int | None] = {"max_tokens": req.requested_max_tokens() or default_max_tokens}
@@ -72,8 +73,9 @@ async def enqueue(redis: Redis, job: Job, max_queue: int) -> str:
     """
     ttl_s = max(math.ceil(job.deadline - time.time()), 0) + MARKER_MARGIN_S
     fields = [part for name, value in job.to_fields().items() for part in (name, value)]
-    reply = await redis.register_script(_ENQUEUE)(keys=[keys.request_stream(job.model), keys.enqueued_marker(job.id)],
-                                                  args=[ttl_s, max_queue, *fields])
+    reply = await redis.register_script(_ENQUEUE)(
+        keys=[keys.request_stream(job.model), keys.enqueued_marker(job.id)], args=[ttl_s, max_queue, *fields]
+    )
     if isinstance(reply, list):
         raise QueueFull(int(reply[0]))
     return reply

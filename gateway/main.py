@@ -14,9 +14,7 @@ GRACEFUL_SHUTDOWN_S = 30  # let in-flight streams finish before the workers' eve
 
 
 def run_gateway(settings: GatewaySettings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     freeze_startup_heap()  # this process is the gateway: what start-up made stays out of collections
     uvicorn.run(

@@ -94,12 +94,8 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
-        yield GaugeMetricFamily(
-            "arbor_redis_up", "Whether Redis answered the last scrape", value=int(snap.redis_up)
-        )
-        yield GaugeMetricFamily(
-            "arbor_dead_letters", "Entries in the dead-letter stream", value=snap.dead_letters
-        )
+        yield GaugeMetricFamily("arbor_redis_up", "Whether Redis answered the last scrape", value=int(snap.redis_up))
+        yield GaugeMetricFamily("arbor_dead_letters", "Entries in the dead-letter stream", value=snap.dead_letters)
         yield from _queue_gauges(snap)
         yield from _worker_gauges(snap)
         yield from _worker_counters(snap)
@@ -111,9 +107,7 @@ class FleetCollector(Collector):
 def _queue_gauges(snap: FleetSnapshot) -> Iterator[Metric]:
     families = {
         "waiting": GaugeMetricFamily("arbor_queue_waiting", "Jobs no worker has read", labels=["model"]),
-        "pending": GaugeMetricFamily(
-            "arbor_queue_pending", "Jobs read but not acknowledged", labels=["model"]
-        ),
+        "pending": GaugeMetricFamily("arbor_queue_pending", "Jobs read but not acknowledged", labels=["model"]),
         "oldest_age_s": GaugeMetricFamily(
             "arbor_queue_oldest_age_seconds", "Age of the oldest waiting or pending job", labels=["model"]
         ),

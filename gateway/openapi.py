@@ -37,9 +37,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": REF.format(model=model.__name__)}
 
 
-def _generation(
-    summary: str, request: type[BaseModel], body: type[BaseModel], chunk: type[BaseModel]
-) -> dict:
+def _generation(summary: str, request: type[BaseModel], body: type[BaseModel], chunk: type[BaseModel]) -> dict:
     return {
         "post": {
             "summary": summary,
@@ -101,9 +99,7 @@ def build_openapi() -> dict[str, Any]:
                 }
             },
             "/health": {"get": {"summary": "Redis and at least one ready worker", "responses": plain}},
-            "/metrics": {
-                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}
-            },
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}},
         },
         "components": {"schemas": schemas.get("$defs", {})},
     }

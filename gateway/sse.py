@@ -14,7 +14,5 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy b
 
 
 def sse_data(payload: BaseModel | dict) -> bytes:
-    text = (
-        dump_json(payload) if isinstance(payload, BaseModel) else json.dumps(payload, separators=(",", ":"))
-    )
+    text = dump_json(payload) if isinstance(payload, BaseModel) else json.dumps(payload, separators=(",", ":"))
     return f"data: {text}\n\n".encode()

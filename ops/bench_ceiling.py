@@ -65,8 +65,12 @@ def decode_runs(model: LoadedModel, prompt_ids: list[int], max_tokens: int, repe
         for label, drafter in configs:
             sequence = decode(model, prompt_ids, max_tokens, drafter)
             stats = sequence.stats
-            run = DecodeRun(label, stats.generated_tokens / stats.decode_s, stats.tokens_per_forward,
-                            sequence.output_ids == expected)
+            run = DecodeRun(
+                label,
+                stats.generated_tokens / stats.decode_s,
+                stats.tokens_per_forward,
+                sequence.output_ids == expected,
+            )
             if label not in best or run.tokens_per_s > best[label].tokens_per_s:
                 best[label] = run
     return [best[label] for label, _ in configs]
@@ -95,15 +99,19 @@ def decode_table(runs: list[DecodeRun]) -> str:
     plain = runs[0].tokens_per_s
     lines = ["| drafter | tokens/forward | tokens/s | speedup | output = plain |", "|---|---|---|---|---|"]
     for run in runs:
-        lines.append(f"| {run.label} | {run.tokens_per_forward:.2f} | {run.tokens_per_s:.1f} | "
-                     f"{run.tokens_per_s / plain:.2f}x | {'yes' if run.exact else 'NO'} |")
+        lines.append(
+            f"| {run.label} | {run.tokens_per_forward:.2f} | {run.tokens_per_s:.1f} | "
+            f"{run.tokens_per_s / plain:.2f}x | {'yes' if run.exact else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
 def verification_table(costs: dict[int, float], context: int) -> str:
     single = costs[VERIFY_SIZES[0]]
-    lines = [f"| tokens per forward (after {context} context tokens) | ms/forward | vs 1 token | ms/token |",
-             "|---|---|---|---|"]
+    lines = [
+        f"| tokens per forward (after {context} context tokens) | ms/forward | vs 1 token | ms/token |",
+        "|---|---|---|---|",
+    ]
     for size, ms in costs.items():
         lines.append(f"| {size} | {ms:.2f} | {ms / single:.2f}x | {ms / size:.2f} |")
     return "\n".join(lines)
@@ -121,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, dtype=args.dtype)
     prompt_ids = model.tokenizer.encode(PROMPT, add_special_tokens=False).ids
-    print(f"model {model.name}, {args.dtype}, {torch.get_num_threads()} threads, "
-          f"prompt {len(prompt_ids)} tokens, {args.max_tokens} generated\n")
+    print(
+        f"model {model.name}, {args.dtype}, {torch.get_num_threads()} threads, "
+        f"prompt {len(prompt_ids)} tokens, {args.max_tokens} generated\n"
+    )
     print(decode_table(decode_runs(model, prompt_ids, args.max_tokens, args.repeats)) + "\n")
     print(verification_table(verification_ms(model.decoder, prompt_ids, 20), len(prompt_ids)))
     return 0

@@ -18,8 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(subparsers)
     add_worker_parser(subparsers)
     from ops.bench.cli import add_bench_parser
-    from ops.training.train_drafter import add_train_parser
     from ops.top import add_top_parser
+    from ops.training.train_drafter import add_train_parser
     from ops.up import add_up_parser
 
     add_up_parser(subparsers)
@@ -69,7 +69,8 @@ def _one_line(error: Exception) -> str:
     if not isinstance(error, ValidationError):
         return str(error)
     return f"invalid {error.title}: " + "; ".join(
-        f"{'.'.join(str(part) for part in detail['loc']) or 'settings'}: {detail['msg']}" for detail in error.errors())
+        f"{'.'.join(str(part) for part in detail['loc']) or 'settings'}: {detail['msg']}" for detail in error.errors()
+    )
 
 
 def _is_user_error(error: Exception) -> bool:

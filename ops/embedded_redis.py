@@ -61,8 +61,9 @@ class EmbeddedRedis:
             self.url = f"unix://{credentials}{sock}"
         # Its own session, so a terminal's Ctrl-C reaches only `arbor up`, which stops Redis last,
         # after the workers have drained (in the same process group it would die first).
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                         start_new_session=True)
+        self._process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         self._wait_ready()
         return self
 

@@ -25,7 +25,9 @@ ONCE_SAMPLE_GAP_S = 1.0
 
 def add_top_parser(subparsers) -> None:
     parser = subparsers.add_parser("top", help="live view of queues and workers")
-    parser.add_argument("--redis-url", default=None, help="Redis to watch (REDIS_URL; default redis://127.0.0.1:6379/0)")
+    parser.add_argument(
+        "--redis-url", default=None, help="Redis to watch (REDIS_URL; default redis://127.0.0.1:6379/0)"
+    )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     parser.set_defaults(handler=run_top)
@@ -83,10 +85,15 @@ def _worker_table(fleet: FleetSnapshot, now: float, previous: tuple[float, Fleet
     elapsed_s = now - previous[0] if previous else 0.0
     for beat in fleet.workers:
         table.add_row(
-            beat.worker_id, beat.model, beat.speculation, "yes" if beat.ready else "no",
-            f"{beat.lanes_busy}/{beat.lanes_total}", _tokens_per_s(beat, before.get(beat.worker_id), elapsed_s),
+            beat.worker_id,
+            beat.model,
+            beat.speculation,
+            "yes" if beat.ready else "no",
+            f"{beat.lanes_busy}/{beat.lanes_total}",
+            _tokens_per_s(beat, before.get(beat.worker_id), elapsed_s),
             f"{1 + beat.accepted_tokens / beat.drafts:.2f}" if beat.drafts else "-",
-            f"{beat.prefix_cache_hits}/{beat.prefix_cache_queries}", f"{beat.age_s(now):.1f}",
+            f"{beat.prefix_cache_hits}/{beat.prefix_cache_queries}",
+            f"{beat.age_s(now):.1f}",
         )
     return table
 

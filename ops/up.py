@@ -120,10 +120,13 @@ def served_name(model: str | None) -> str:
 
 
 def _announce(url: str, num_workers: int, model: str) -> None:
-    print(f"Arbor is up at {url} with {num_workers} worker(s). Try:\n"
-          f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-          f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
-          f"Ctrl-C stops everything.", flush=True)
+    print(
+        f"Arbor is up at {url} with {num_workers} worker(s). Try:\n"
+        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n'
+        f"Ctrl-C stops everything.",
+        flush=True,
+    )
 
 
 def stop_all(children: list[subprocess.Popen]) -> None:

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from shared.queue_stats import QueueStats, read_queue_stats
-from shared.live_workers import live_workers
 from shared import keys
 from shared.heartbeat import Heartbeat
+from shared.live_workers import live_workers
+from shared.queue_stats import QueueStats, read_queue_stats
 
 
 @dataclass(frozen=True, slots=True)

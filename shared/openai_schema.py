@@ -69,8 +69,7 @@ class ResponseFormat(BaseModel):
     @classmethod
     def _text_or_json_object(cls, value: str) -> str:
         if value not in ("text", "json_object"):
-            raise UnsupportedField("response_format", f"type {value!r} is not supported; only 'text' and "
-                                   "'json_object'")
+            raise UnsupportedField("response_format", f"type {value!r} is not supported; only 'text' and 'json_object'")
         return value
 
     @model_validator(mode="after")
@@ -220,8 +219,10 @@ class ChatCompletionRequest(_GenerationRequest):
         if self.json_mode and self.tools:
             raise UnsupportedField("response_format", "json_object cannot be combined with tools")
         if self.json_mode and self.min_tokens:
-            raise UnsupportedField("min_tokens", "cannot be combined with response_format json_object, "
-                                   "whose answer ends when its object closes")
+            raise UnsupportedField(
+                "min_tokens",
+                "cannot be combined with response_format json_object, whose answer ends when its object closes",
+            )
         return self
 
     @property
@@ -249,11 +250,18 @@ class CompletionRequest(_GenerationRequest):
     @classmethod
     def _one_of_four_forms(cls, value: Any) -> Any:
         """One error for a prompt of the wrong shape, not one per member of the union."""
+
         def ids(item: Any) -> bool:
             return isinstance(item, list) and all(type(token_id) is int for token_id in item)
 
-        if isinstance(value, str) or ids(value) or (isinstance(value, list) and (
-                all(isinstance(item, str) for item in value) or all(ids(item) for item in value))):
+        if (
+            isinstance(value, str)
+            or ids(value)
+            or (
+                isinstance(value, list)
+                and (all(isinstance(item, str) for item in value) or all(ids(item) for item in value))
+            )
+        ):
             return value
         raise ValueError("must be a string, a list of strings, a list of token ids, or a list of lists of token ids")
 
@@ -309,7 +317,7 @@ GenerationRequest = ChatCompletionRequest | CompletionRequest
 
 
 def _prompt_list(prompt: Any) -> list[Any]:
-    """"text" -> ["text"]; [1, 2] -> [[1, 2]]; a list of texts or of id lists stays as it is."""
+    """ "text" -> ["text"]; [1, 2] -> [[1, 2]]; a list of texts or of id lists stays as it is."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         return [prompt]
     return list(prompt)

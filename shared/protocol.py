@@ -117,8 +117,7 @@ class JobState(BaseModel):
         return {"worker": self.worker, "attempt": str(self.attempt), "next_seq": str(self.next_seq)}
 
     @classmethod
-    def from_fields(cls, fields: Mapping[bytes | str, bytes | str],
-                    log: Sequence[bytes | str] = ()) -> JobState:
+    def from_fields(cls, fields: Mapping[bytes | str, bytes | str], log: Sequence[bytes | str] = ()) -> JobState:
         """The state hash plus the job's event log (its first `next_seq` entries are replayed)."""
         raw = {_decode(k): _decode(v) for k, v in fields.items()}
         state = cls(worker=raw["worker"], attempt=int(raw["attempt"]), next_seq=int(raw.get("next_seq", 0)))
@@ -229,8 +228,8 @@ _EVENT = TypeAdapter(Event)
 def merge_tool_calls(first: list[ToolCallDelta], second: list[ToolCallDelta]) -> list[ToolCallDelta]:
     """Argument fragments that continue the previous call are appended to it, as a client would:
 
-        [{index 0, id, name, arguments '{"q'}] + [{index 0, arguments '": 1}'}]
-        -> [{index 0, id, name, arguments '{"q": 1}'}]
+    [{index 0, id, name, arguments '{"q'}] + [{index 0, arguments '": 1}'}]
+    -> [{index 0, id, name, arguments '{"q": 1}'}]
     """
     calls = list(first)
     for call in second:

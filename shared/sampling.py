@@ -39,12 +39,20 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty, "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
         _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "must be in [0, max_tokens]")
-        _check(not (self.json_object and self.min_tokens), "min_tokens", self.min_tokens,
-               "cannot be combined with JSON mode, which ends the text when its object closes")
+        _check(
+            not (self.json_object and self.min_tokens),
+            "min_tokens",
+            self.min_tokens,
+            "cannot be combined with JSON mode, which ends the text when its object closes",
+        )
         for token_id, bias in self.logit_bias.items():
             _check(token_id >= 0, "logit_bias", token_id, "is not a token id")
-            _check(-LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT, f"logit_bias[{token_id}]", bias,
-                   f"must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
+            _check(
+                -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT,
+                f"logit_bias[{token_id}]",
+                bias,
+                f"must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]",
+            )
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:

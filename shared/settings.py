@@ -33,8 +33,9 @@ def served_model_name(model: str | Path) -> str:
 
 # Validation errors name the field but never echo input: the input holds REDIS_URL (with its
 # password) and ARBOR_API_KEYS, and the CLI prints the error.
-_SETTINGS_CONFIG = SettingsConfigDict(env_prefix="ARBOR_", populate_by_name=True, extra="ignore",
-                                      hide_input_in_errors=True)
+_SETTINGS_CONFIG = SettingsConfigDict(
+    env_prefix="ARBOR_", populate_by_name=True, extra="ignore", hide_input_in_errors=True
+)
 
 
 class GatewaySettings(BaseSettings):
@@ -117,8 +118,7 @@ class WorkerSettings(BaseSettings):
     def _ttl_outlives_interval(self) -> WorkerSettings:
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError(
-                f"heartbeat_ttl_s={self.heartbeat_ttl_s} must exceed "
-                f"heartbeat_interval_s={self.heartbeat_interval_s}"
+                f"heartbeat_ttl_s={self.heartbeat_ttl_s} must exceed heartbeat_interval_s={self.heartbeat_interval_s}"
             )
         return self
 

@@ -31,8 +31,9 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--json-mode", action="store_true",
-                        help="the answer is one JSON object (the API's response_format json_object)")
+    parser.add_argument(
+        "--json-mode", action="store_true", help="the answer is one JSON object (the API's response_format json_object)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     parser.set_defaults(handler=run_generate)
 
@@ -40,8 +41,12 @@ def add_generate_parser(subparsers) -> None:
 def add_speculation_arguments(parser: argparse.ArgumentParser, default_mode: str = "none") -> None:
     parser.add_argument("--speculation", choices=SPECULATION_MODES, default=default_mode)
     parser.add_argument("--draft", type=Path, default=None, help="drafter checkpoint (MTP or DFlash)")
-    parser.add_argument("--num-draft", type=int, default=None,
-                        help="draft chain length (default: 3 for mtp and ngram, block_size - 1 for dflash)")
+    parser.add_argument(
+        "--num-draft",
+        type=int,
+        default=None,
+        help="draft chain length (default: 3 for mtp and ngram, block_size - 1 for dflash)",
+    )
     parser.add_argument("--tree-budget", type=int, default=8, help="nodes in the best-first draft tree (tree)")
 
 
@@ -54,16 +59,28 @@ def draft_options(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from worker.engine.generate import generate
     from shared.settings import WorkerSettings
+    from worker.engine.generate import generate
     from worker.serving_model import load_serving_model
 
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        min_p=args.min_p, seed=args.seed, stop=list(args.stop), json_object=args.json_mode,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        stop=list(args.stop),
+        json_object=args.json_mode,
     )
-    served = load_serving_model(args.model, args.speculation, draft_options(args), args.dtype,
-                                num_threads=args.threads, cache_dir=WorkerSettings().cache_dir)
+    served = load_serving_model(
+        args.model,
+        args.speculation,
+        draft_options(args),
+        args.dtype,
+        num_threads=args.threads,
+        cache_dir=WorkerSettings().cache_dir,
+    )
     if args.chat:
         prompt_ids = served.encode_chat([{"role": "user", "content": args.prompt}])
     else:
@@ -72,13 +89,26 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         stats = result.stats.to_dict()
         stats["tokens_per_s"] = stats["tokens_per_s"]
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "model": served.name, "speculation": served.speculation, "stats": stats}))
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "finish_reason": result.finish_reason,
+                    "model": served.name,
+                    "speculation": served.speculation,
+                    "stats": stats,
+                }
+            )
+        )
     else:
         sys.stdout.write(result.text + "\n")
         s = result.stats
-        print(f"[{len(result.token_ids)} tokens, {s.tokens_per_forward:.2f} tokens/forward, "
-              f"{s.to_dict()['tokens_per_s']:.1f} tokens/s, finish={result.finish_reason}]", file=sys.stderr)
+        print(
+            f"[{len(result.token_ids)} tokens, {s.tokens_per_forward:.2f} tokens/forward, "
+            f"{s.to_dict()['tokens_per_s']:.1f} tokens/s, finish={result.finish_reason}]",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -87,28 +117,56 @@ def add_worker_parser(subparsers) -> None:
     parser = subparsers.add_parser("worker", help="serve a model: pull jobs from Redis, stream events back")
     parser.add_argument("--model", default=None, help="HF folder, .gguf file or the default model's name (MODEL)")
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp/dflash/tree (DRAFT)")
-    parser.add_argument("--speculation", default=None, choices=SPECULATION_MODES,
-                        help="speculation mode (SPECULATION, default mtp)")
+    parser.add_argument(
+        "--speculation", default=None, choices=SPECULATION_MODES, help="speculation mode (SPECULATION, default mtp)"
+    )
     parser.add_argument("--max-lanes", type=int, default=None, help="concurrent requests (ARBOR_MAX_LANES)")
     parser.add_argument("--max-context", type=int, default=None, help="tokens per lane (ARBOR_MAX_CONTEXT)")
-    parser.add_argument("--prefill-cache-bytes", type=int, default=None,
-                        help="paired prefill cache budget, 0 disables it (ARBOR_PREFILL_CACHE_BYTES)")
-    parser.add_argument("--stream-interval", type=int, default=None,
-                        help="tokens per streamed delta; 1 streams every step (ARBOR_STREAM_INTERVAL)")
-    parser.add_argument("--publish-interval-ms", type=float, default=None,
-                        help="least time between event batches while steps run; 0 sends every step "
-                             "(ARBOR_PUBLISH_INTERVAL_MS, default 5)")
-    parser.add_argument("--publish-budget", type=float, default=None,
-                        help="share of the owner thread publishing may take; dearer batches stretch the "
-                             "interval, up to 50 ms; 0 never stretches it "
-                             f"(ARBOR_PUBLISH_BUDGET, default {DEFAULT_PUBLISH_BUDGET:g})")
+    parser.add_argument(
+        "--prefill-cache-bytes",
+        type=int,
+        default=None,
+        help="paired prefill cache budget, 0 disables it (ARBOR_PREFILL_CACHE_BYTES)",
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="tokens per streamed delta; 1 streams every step (ARBOR_STREAM_INTERVAL)",
+    )
+    parser.add_argument(
+        "--publish-interval-ms",
+        type=float,
+        default=None,
+        help="least time between event batches while steps run; 0 sends every step "
+        "(ARBOR_PUBLISH_INTERVAL_MS, default 5)",
+    )
+    parser.add_argument(
+        "--publish-budget",
+        type=float,
+        default=None,
+        help="share of the owner thread publishing may take; dearer batches stretch the "
+        "interval, up to 50 ms; 0 never stretches it "
+        f"(ARBOR_PUBLISH_BUDGET, default {DEFAULT_PUBLISH_BUDGET:g})",
+    )
     parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
     parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
     parser.set_defaults(handler=run_worker)
 
 
-_WORKER_FLAGS = ("model", "draft", "speculation", "max_lanes", "max_context", "prefill_cache_bytes",
-                 "stream_interval", "publish_interval_ms", "publish_budget", "redis_url", "worker_id")
+_WORKER_FLAGS = (
+    "model",
+    "draft",
+    "speculation",
+    "max_lanes",
+    "max_context",
+    "prefill_cache_bytes",
+    "stream_interval",
+    "publish_interval_ms",
+    "publish_budget",
+    "redis_url",
+    "worker_id",
+)
 
 
 def worker_settings(args: argparse.Namespace):
@@ -127,8 +185,9 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = worker_settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = resolve_default_speculation(settings)
-    service = WorkerService(ServiceConfig.from_settings(settings), lambda: load_worker_model(settings),
-                            freeze_heap=True)
+    service = WorkerService(
+        ServiceConfig.from_settings(settings), lambda: load_worker_model(settings), freeze_heap=True
+    )
     asyncio.run(_serve_until_signalled(service))
     if service.abandoned_loading:  # stopped mid-load: leave now rather than finalise under torch's loader
         logging.shutdown()
@@ -152,7 +211,9 @@ def resolve_default_speculation(settings):
         return settings
     logging.getLogger(__name__).warning(
         "model %s has no MTP head (none in the checkpoint, none bundled, no DRAFT): serving with "
-        "speculation 'ngram' instead of the default 'mtp'; set SPECULATION to choose", settings.model_name)
+        "speculation 'ngram' instead of the default 'mtp'; set SPECULATION to choose",
+        settings.model_name,
+    )
     return settings.model_copy(update={"speculation": "ngram"})
 
 
@@ -165,8 +226,9 @@ def load_worker_model(settings):
     model = None if settings.model == DEFAULT_MODEL_NAME else settings.model
     options = DraftOptions(draft=Path(settings.draft) if settings.draft else None, tree_budget=settings.tree_budget)
     dtype = "float32" if settings.dtype == "auto" else settings.dtype
-    return load_serving_model(model, settings.speculation, options, dtype, max_context=settings.max_context,
-                              cache_dir=settings.cache_dir)
+    return load_serving_model(
+        model, settings.speculation, options, dtype, max_context=settings.max_context, cache_dir=settings.cache_dir
+    )
 
 
 async def _serve_until_signalled(service) -> None:

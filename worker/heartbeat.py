@@ -46,12 +46,22 @@ class WorkerIdentity:
 
 def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, lanes_busy: int) -> Heartbeat:
     return Heartbeat(
-        worker_id=identity.worker_id, model=identity.model, speculation=identity.speculation, ready=ready,
-        lanes_total=identity.lanes_total, lanes_busy=lanes_busy, max_context=identity.max_context,
-        steps=counters.steps, tokens=counters.tokens, drafts=counters.drafts,
-        draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted_tokens,
-        prefix_cache_hits=counters.prefix_cache_hits, prefix_cache_queries=counters.prefix_cache_queries,
-        started_at=identity.started_at, beat_at=time.time(),
+        worker_id=identity.worker_id,
+        model=identity.model,
+        speculation=identity.speculation,
+        ready=ready,
+        lanes_total=identity.lanes_total,
+        lanes_busy=lanes_busy,
+        max_context=identity.max_context,
+        steps=counters.steps,
+        tokens=counters.tokens,
+        drafts=counters.drafts,
+        draft_tokens=counters.draft_tokens,
+        accepted_tokens=counters.accepted_tokens,
+        prefix_cache_hits=counters.prefix_cache_hits,
+        prefix_cache_queries=counters.prefix_cache_queries,
+        started_at=identity.started_at,
+        beat_at=time.time(),
     )
 
 

@@ -87,8 +87,9 @@ class Intake:
             return
         self.hand_over(spec, ref)
 
-    async def _end_with_error(self, ref: JobRef, state: JobState, code: str, message: str,
-                              dead_letter: dict[str, str] | None = None) -> None:
+    async def _end_with_error(
+        self, ref: JobRef, state: JobState, code: str, message: str, dead_letter: dict[str, str] | None = None
+    ) -> None:
         event = ErrorEvent(id=ref.request_id, attempt=ref.attempt, seq=state.next_seq, message=message, code=code)
         publication = Publication(ref, event)
         if (await self.io.publish([publication]))[0] is PublishResult.FENCED:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -85,8 +85,9 @@ def parse_request(job: Job) -> GenerationRequest:
         raise PoisonJob(f"malformed {job.kind} request body: {_first_error(error)}", job.id) from error
 
 
-def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: ServingModel,
-               max_lanes: int) -> JobSpec:
+def build_spec(
+    job: Job, entry_id: str, attempt: int, resume: JobState, served: ServingModel, max_lanes: int
+) -> JobSpec:
     request = parse_request(job)
     if request.n > max_lanes:
         raise JobRejected(f"n={request.n} exceeds this worker's {max_lanes} lanes", ErrorCode.INVALID_REQUEST)
@@ -102,8 +103,9 @@ def build_spec(job: Job, entry_id: str, attempt: int, resume: JobState, served: 
     output = output_options(request, served, prompt_ids, params)
     if params.json_object:
         _check_json_mode(output, served)
-    return JobSpec(job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params,
-                   request.n, output, resume)
+    return JobSpec(
+        job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params, request.n, output, resume
+    )
 
 
 def _check_json_mode(output: OutputOptions, served: ServingModel) -> None:
@@ -113,9 +115,11 @@ def _check_json_mode(output: OutputOptions, served: ServingModel) -> None:
     the owner thread."""
     reasoning = output.reasoning
     if reasoning is not None and (reasoning.starts_in_reasoning or reasoning.budget is not None):
-        raise JobRejected("response_format json_object cannot be combined with reasoning: set "
-                          "chat_template_kwargs.enable_thinking to false and give no reasoning budget",
-                          ErrorCode.INVALID_REQUEST)
+        raise JobRejected(
+            "response_format json_object cannot be combined with reasoning: set "
+            "chat_template_kwargs.enable_thinking to false and give no reasoning budget",
+            ErrorCode.INVALID_REQUEST,
+        )
     assert served.runner.json_masks is not None, "load_serving_model sets it"
     try:
         served.runner.json_masks.prepare()
@@ -140,27 +144,36 @@ def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]
         raise JobRejected(str(error), ErrorCode.INVALID_REQUEST) from error
 
 
-def output_options(request: GenerationRequest, served: ServingModel, prompt_ids: list[int],
-                   params: SamplingParams) -> OutputOptions:
-    stops = {"stop": tuple(params.stop), "include_stop": request.include_stop_str_in_output,
-             "min_tokens": params.min_tokens}
+def output_options(
+    request: GenerationRequest, served: ServingModel, prompt_ids: list[int], params: SamplingParams
+) -> OutputOptions:
+    stops = {
+        "stop": tuple(params.stop),
+        "include_stop": request.include_stop_str_in_output,
+        "min_tokens": params.min_tokens,
+    }
     if isinstance(request, CompletionRequest):
         echo = _prompt_text(request, served) if request.echo else ""
         return OutputOptions(**stops, num_logprobs=request.logprobs, echo=echo)
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     parse_tool_calls = _tools(request) is not None
-    return OutputOptions(**stops, reasoning=_reasoning(request, served, prompt_ids),
-                         parse_tool_calls=parse_tool_calls,
-                         single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
-                         num_logprobs=num_logprobs)
+    return OutputOptions(
+        **stops,
+        reasoning=_reasoning(request, served, prompt_ids),
+        parse_tool_calls=parse_tool_calls,
+        single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
+        num_logprobs=num_logprobs,
+    )
 
 
 def _check_in_vocabulary(field: str, token_ids: Iterable[int], served: ServingModel) -> None:
     """Token ids a request names (the gateway cannot know the vocabulary) must be the model's."""
     largest = max(token_ids, default=-1)
     if largest >= served.runner.vocab_size:
-        raise JobRejected(f"{field}: token id {largest} is outside this model's vocabulary of "
-                          f"{served.runner.vocab_size} tokens", ErrorCode.INVALID_REQUEST)
+        raise JobRejected(
+            f"{field}: token id {largest} is outside this model's vocabulary of {served.runner.vocab_size} tokens",
+            ErrorCode.INVALID_REQUEST,
+        )
 
 
 def _prompt_text(request: CompletionRequest, served: ServingModel) -> str:

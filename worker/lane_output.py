@@ -75,8 +75,11 @@ class LaneOutput:
         self.options = options
         self._text = TextOutput(tokenizer, list(options.stop), prompt_ids, options.include_stop, options.min_tokens)
         reasoning = options.reasoning
-        self._reasoning = (ReasoningParser(reasoning.start_tag, reasoning.end_tag, reasoning.starts_in_reasoning)
-                           if reasoning is not None else None)
+        self._reasoning = (
+            ReasoningParser(reasoning.start_tag, reasoning.end_tag, reasoning.starts_in_reasoning)
+            if reasoning is not None
+            else None
+        )
         max_calls = 1 if options.single_tool_call else None
         self._tools = ToolCallParser(max_calls=max_calls) if options.parse_tool_calls else None
         self.num_reasoning_tokens = 0
@@ -153,11 +156,15 @@ class LaneOutput:
 def format_logprobs(tokenizer: tokenizers.Tokenizer, entries: Sequence[TokenLogprobs]) -> list[TokenLogprob]:
     """The runner's logprobs in the OpenAI shape: each token as text, with its UTF-8 bytes."""
     return [
-        TokenLogprob(token=_text(tokenizer, entry.token_id), logprob=entry.logprob,
-                     bytes=list(_text(tokenizer, entry.token_id).encode()),
-                     top_logprobs=[TopLogprob(token=_text(tokenizer, token), logprob=logprob,
-                                              bytes=list(_text(tokenizer, token).encode()))
-                                   for token, logprob in entry.top])
+        TokenLogprob(
+            token=_text(tokenizer, entry.token_id),
+            logprob=entry.logprob,
+            bytes=list(_text(tokenizer, entry.token_id).encode()),
+            top_logprobs=[
+                TopLogprob(token=_text(tokenizer, token), logprob=logprob, bytes=list(_text(tokenizer, token).encode()))
+                for token, logprob in entry.top
+            ],
+        )
         for entry in entries
     ]
 

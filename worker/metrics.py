@@ -18,8 +18,13 @@ from worker.heartbeat import WorkerCounters, WorkerIdentity
 
 
 class WorkerCollector:
-    def __init__(self, identity: WorkerIdentity, counters: WorkerCounters, lanes_busy: Callable[[], int],
-                 publish_interval_s: Callable[[], float] = lambda: 0.0):
+    def __init__(
+        self,
+        identity: WorkerIdentity,
+        counters: WorkerCounters,
+        lanes_busy: Callable[[], int],
+        publish_interval_s: Callable[[], float] = lambda: 0.0,
+    ):
         self.identity, self.counters, self.lanes_busy = identity, counters, lanes_busy
         self.publish_interval_s = publish_interval_s
 
@@ -40,19 +45,27 @@ class WorkerCollector:
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)
             yield family
-        by_position = CounterMetricFamily("arbor_worker_spec_accepted_by_position",
-                                          "Drafts whose token at this position (1-based) was accepted",
-                                          labels=[*labels, "position"])
+        by_position = CounterMetricFamily(
+            "arbor_worker_spec_accepted_by_position",
+            "Drafts whose token at this position (1-based) was accepted",
+            labels=[*labels, "position"],
+        )
         for index, count in enumerate(list(c.accepted_by_position)):
             by_position.add_metric([*values, str(index + 1)], count)
         yield by_position
-        yield _gauge("arbor_worker_prefix_cache_bytes", "Bytes held by the prefill cache", labels, values,
-                     c.prefix_cache_bytes)
+        yield _gauge(
+            "arbor_worker_prefix_cache_bytes", "Bytes held by the prefill cache", labels, values, c.prefix_cache_bytes
+        )
         yield _gauge("arbor_worker_lanes_busy", "Lanes serving a request", labels, values, self.lanes_busy())
         yield _gauge("arbor_worker_lanes_total", "Lanes", labels, values, self.identity.lanes_total)
-        yield _gauge("arbor_worker_publish_interval_seconds",
-                     "Least time between event batches while steps run (the configured interval, stretched "
-                     "by the publish budget)", labels, values, self.publish_interval_s())
+        yield _gauge(
+            "arbor_worker_publish_interval_seconds",
+            "Least time between event batches while steps run (the configured interval, stretched "
+            "by the publish budget)",
+            labels,
+            values,
+            self.publish_interval_s(),
+        )
 
 
 def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> GaugeMetricFamily:

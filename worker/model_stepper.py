@@ -62,11 +62,14 @@ class LaneState:
 
 
 class ModelStepper:
-    def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None = None,
-                 counters: WorkerCounters | None = None):
+    def __init__(
+        self, runner: ModelRunner, prefix_cache: PrefixCache | None = None, counters: WorkerCounters | None = None
+    ):
         if prefix_cache is not None and not supports_prefix_reuse(runner.drafter):
-            log.warning("drafter %s cannot export its context: the prefill cache is off",
-                        getattr(runner.drafter, "name", runner.drafter))
+            log.warning(
+                "drafter %s cannot export its context: the prefill cache is off",
+                getattr(runner.drafter, "name", runner.drafter),
+            )
             prefix_cache = None
         self.runner = runner
         self.prefix_cache = prefix_cache

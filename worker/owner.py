@@ -130,16 +130,25 @@ class _Job:
 
 
 class Owner:
-    def __init__(self, stepper: ModelStepper, tokenizer: tokenizers.Tokenizer, config: OwnerConfig,
-                 capacity: Capacity, sink: Sink):
+    def __init__(
+        self,
+        stepper: ModelStepper,
+        tokenizer: tokenizers.Tokenizer,
+        config: OwnerConfig,
+        capacity: Capacity,
+        sink: Sink,
+    ):
         self.stepper = stepper
         self.tokenizer = tokenizer
         self.config = config
         self.capacity = capacity
         self.sink = sink
         self.inbox: queue.SimpleQueue[StartJob | DropJob | StopOwner] = queue.SimpleQueue()
-        self.scheduler = Scheduler(stepper, SchedulerConfig(config.max_lanes, config.max_kv_bytes,
-                                                            config.max_prefill_chunk), self._is_cancelled)
+        self.scheduler = Scheduler(
+            stepper,
+            SchedulerConfig(config.max_lanes, config.max_kv_bytes, config.max_prefill_chunk),
+            self._is_cancelled,
+        )
         self._jobs: dict[str, _Job] = {}
         self._cancelled: set[str] = set()
         self._held: dict[LaneKey, list[int]] = {}  # tokens emitted, not yet through their lane's output
@@ -189,9 +198,17 @@ class Owner:
         resume = spec.resume
         finished = sorted(set(resume.finished_choices))
         output = spec.output
-        job = _Job(spec, ref, {}, [spec.resumed_ids(c) for c in range(spec.n)], finished, resume.next_seq,
-                   holdable=not output.stop and not output.single_tool_call
-                   and (output.reasoning is None or output.reasoning.budget is None))
+        job = _Job(
+            spec,
+            ref,
+            {},
+            [spec.resumed_ids(c) for c in range(spec.n)],
+            finished,
+            resume.next_seq,
+            holdable=not output.stop
+            and not output.single_tool_call
+            and (output.reasoning is None or output.reasoning.budget is None),
+        )
         self._jobs[spec.request_id] = job
         self.capacity.release(len(finished))  # the reader held n lanes; finished choices need none
         for choice in range(spec.n):
@@ -202,8 +219,13 @@ class Owner:
         kv_bytes = self.stepper.kv_bytes(len(spec.prompt_ids), spec.params.max_tokens)
         try:
             for choice in job.outputs:
-                start = LaneStart(f"{spec.request_id}/{choice}", spec.prompt_ids, spec.params,
-                                  job.emitted[choice], spec.output.num_logprobs)
+                start = LaneStart(
+                    f"{spec.request_id}/{choice}",
+                    spec.prompt_ids,
+                    spec.params,
+                    job.emitted[choice],
+                    spec.output.num_logprobs,
+                )
                 self.scheduler.submit(LaneRequest((spec.request_id, choice), kv_bytes, spec.deadline, start))
         except LaneTooLarge as error:
             self._fail(job, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
@@ -214,9 +236,18 @@ class Owner:
         output = job.outputs.pop(choice)
         job.finished.append(choice)
         reason = "tool_calls" if output.made_tool_calls else "stop"  # a stop string, or the one call allowed
-        self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
-                                      choice=choice, finish_reason=reason, usage=self._usage(job, choice),
-                                      stats=FinalStats(speculation=self.config.speculation)))
+        self._publish(
+            job,
+            FinalEvent(
+                id=job.spec.request_id,
+                attempt=job.ref.attempt,
+                seq=job.next_seq,
+                choice=choice,
+                finish_reason=reason,
+                usage=self._usage(job, choice),
+                stats=FinalStats(speculation=self.config.speculation),
+            ),
+        )
         self.capacity.release(1)
 
     def _replayed_output(self, job: _Job, choice: int) -> LaneOutput:
@@ -299,9 +330,18 @@ class Owner:
         if reason == "stop" and output.made_tool_calls:
             reason = "tool_calls"
         job.finished.append(choice)
-        self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
-                                      choice=choice, finish_reason=reason, usage=self._usage(job, choice),
-                                      stats=self._stats(job, state)))
+        self._publish(
+            job,
+            FinalEvent(
+                id=job.spec.request_id,
+                attempt=job.ref.attempt,
+                seq=job.next_seq,
+                choice=choice,
+                finish_reason=reason,
+                usage=self._usage(job, choice),
+                stats=self._stats(job, state),
+            ),
+        )
         self._retire(job, choice)
         self._done_if_finished(job)
 
@@ -313,16 +353,26 @@ class Owner:
                 self._release_lane(job, choice, held)  # emitted before the cancel: the log keeps them
             if cancelled:
                 job.finished.append(choice)
-                self._publish(job, FinalEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
-                                              choice=choice, finish_reason="cancelled",
-                                              usage=self._usage(job, choice)))
+                self._publish(
+                    job,
+                    FinalEvent(
+                        id=job.spec.request_id,
+                        attempt=job.ref.attempt,
+                        seq=job.next_seq,
+                        choice=choice,
+                        finish_reason="cancelled",
+                        usage=self._usage(job, choice),
+                    ),
+                )
             self._retire(job, choice)
         job.outputs.clear()
         self._end(job, done=cancelled)
 
     def _fail(self, job: _Job, code: str, message: str) -> None:
-        self._publish(job, ErrorEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq,
-                                      message=message, code=code))
+        self._publish(
+            job,
+            ErrorEvent(id=job.spec.request_id, attempt=job.ref.attempt, seq=job.next_seq, message=message, code=code),
+        )
         for choice in list(job.outputs):
             self._retire(job, choice)
         job.outputs.clear()
@@ -345,15 +395,29 @@ class Owner:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _publish_delta(self, job: _Job, choice: int, delta: LaneDelta, token_ids: list[int],
-                       logprobs: list | None) -> None:
+    def _publish_delta(
+        self, job: _Job, choice: int, delta: LaneDelta, token_ids: list[int], logprobs: list | None
+    ) -> None:
         if not token_ids and delta.empty:
             return
         first_output = not job.shown  # up to the first visible output, nothing may wait (TTFT)
         job.shown = job.shown or not delta.empty
         tool_calls = [ToolCallDelta.model_validate(call) for call in delta.tool_calls] if delta.tool_calls else []
-        self._publish(job, StepDelta(job.spec.request_id, job.ref.attempt, job.next_seq, choice, delta.text,
-                                     delta.reasoning, list(token_ids), tool_calls, logprobs), first_output)
+        self._publish(
+            job,
+            StepDelta(
+                job.spec.request_id,
+                job.ref.attempt,
+                job.next_seq,
+                choice,
+                delta.text,
+                delta.reasoning,
+                list(token_ids),
+                tool_calls,
+                logprobs,
+            ),
+            first_output,
+        )
 
     def _publish(self, job: _Job, event: Event | StepDelta, first_output: bool = False) -> None:
         if not self.sink.put(Publication(job.ref, event, first_output)):
@@ -365,9 +429,15 @@ class Owner:
     def _stats(self, job: _Job, state: LaneState) -> FinalStats:
         stats, spec = state.stats, job.spec
         return FinalStats(
-            speculation=self.config.speculation, target_forwards=stats.target_forwards, drafts=stats.drafts,
-            draft_tokens=stats.draft_tokens, accepted_tokens=stats.accepted_tokens,
-            queue_s=round(max(spec.picked_at - spec.created, 0.0), 6), prefill_s=round(stats.prefill_s, 6),
-            decode_s=round(stats.decode_s, 6), prefix_cache_tokens=state.prefix_tokens,
-            tokens_per_forward=round(stats.tokens_per_forward, 4), worker_id=self.config.worker_id,
+            speculation=self.config.speculation,
+            target_forwards=stats.target_forwards,
+            drafts=stats.drafts,
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            queue_s=round(max(spec.picked_at - spec.created, 0.0), 6),
+            prefill_s=round(stats.prefill_s, 6),
+            decode_s=round(stats.decode_s, 6),
+            prefix_cache_tokens=state.prefix_tokens,
+            tokens_per_forward=round(stats.tokens_per_forward, 4),
+            worker_id=self.config.worker_id,
         )

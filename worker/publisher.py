@@ -73,10 +73,20 @@ COST_SMOOTHING = 0.1  # weight of the latest batch in the smoothed cost
 
 
 class Publisher:
-    def __init__(self, pool: redis.ConnectionPool, worker_id: str, stream: str, reply_timeout_s: float,
-                 on_lost: Callable[[str], None], on_done: Callable[[JobRef], None], stream_interval: int = 1,
-                 orphan_timeout_s: float = 0.0, on_orphaned: Callable[[str], None] = lambda request_id: None,
-                 publish_interval_s: float = 0.0, publish_budget: float = 0.0):
+    def __init__(
+        self,
+        pool: redis.ConnectionPool,
+        worker_id: str,
+        stream: str,
+        reply_timeout_s: float,
+        on_lost: Callable[[str], None],
+        on_done: Callable[[JobRef], None],
+        stream_interval: int = 1,
+        orphan_timeout_s: float = 0.0,
+        on_orphaned: Callable[[str], None] = lambda request_id: None,
+        publish_interval_s: float = 0.0,
+        publish_budget: float = 0.0,
+    ):
         self.pool = pool  # its settings make our connection, which is never borrowed: it stays ours
         self.worker_id = worker_id
         self.stream = stream
@@ -155,8 +165,7 @@ class Publisher:
             self._failed("unexpected error")
 
     def _time_to_send(self, wait_s: float) -> bool:
-        return (wait_s > 0 or self._outbox.urgent
-                or time.monotonic() - self._last_sent_at >= self.interval_s)
+        return wait_s > 0 or self._outbox.urgent or time.monotonic() - self._last_sent_at >= self.interval_s
 
     def flush(self, timeout_s: float) -> bool:
         """Pump until nothing is left or `timeout_s` passes; True if everything was answered."""

@@ -39,7 +39,9 @@ local owned = #pending == 1 and pending[1][2] == ARGV[3]
 # KEYS: stream, job state, cancel key, event log.  ARGV: group, entry id, consumer, state ttl.
 # Returns nil if the entry is not ours, else {deliveries, state as a flat HGETALL list, cancelled,
 # the event log} (what was published before is replayed from the log: see `JobState`).
-_CLAIM = _OWNED + """
+_CLAIM = (
+    _OWNED
+    + """
 if not owned then return false end
 local attempt = pending[1][4]
 if redis.call('EXISTS', KEYS[2]) == 0 then
@@ -50,6 +52,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 local log = redis.call('LRANGE', KEYS[4], 0, -1)
 return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3]), log}
 """
+)
 
 # The worker's writes from the owner thread, one call per batch, in order. KEYS: per op, its
 # stream, job state and event log.  ARGV: group, consumer, log ttl, state ttl, then per op
@@ -60,7 +63,8 @@ return {attempt, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[3]), 
 # and moves the job state's next_seq past it; a complete acknowledges and deletes the entry and
 # drops the state (XACK + XDEL + DEL).
 _BATCH_ARGS = 6
-_BATCH = """
+_BATCH = (
+    """
 local function owned(stream, entry)
   local pending = redis.call('XPENDING', stream, ARGV[1], entry, entry, 1)
   return #pending == 1 and pending[1][2] == ARGV[2]
@@ -88,7 +92,9 @@ local function complete(stream, state, entry)
 end
 local results = {}
 for i = 0, #KEYS / 3 - 1 do
-  local k, a = 3 * i, 4 + i * """ + str(_BATCH_ARGS) + """
+  local k, a = 3 * i, 4 + i * """
+    + str(_BATCH_ARGS)
+    + """
   if ARGV[a + 1] == 'c' then
     results[i + 1] = complete(KEYS[k + 1], KEYS[k + 2], ARGV[a + 2])
   else
@@ -98,11 +104,14 @@ for i = 0, #KEYS / 3 - 1 do
 end
 return results
 """
+)
 BATCH_SCRIPT = _BATCH  # the publisher (worker.publisher) loads it on its own connection
 
 # KEYS: stream, job state, dead-letter stream.  ARGV: group, entry id, consumer, then the
 # dead letter's field/value pairs (none: no dead letter).
-_COMPLETE = _OWNED + """
+_COMPLETE = (
+    _OWNED
+    + """
 if not owned then return -1 end
 if #ARGV > 3 then redis.call('XADD', KEYS[3], '*', unpack(ARGV, 4)) end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
@@ -110,6 +119,7 @@ redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2])
 return 1
 """
+)
 
 # KEYS: stream.  ARGV: group, consumer, entry ids.  Resets the idle time of the given entries that
 # are still pending for this consumer (never taking one that was reclaimed meanwhile).
@@ -212,29 +222,33 @@ class RedisIO:
                 raise
 
     async def read_new(self, stream: str, count: int, block_ms: int) -> list[tuple[str, dict[str, str]]]:
-        reply = await self.redis.xreadgroup(keys.CONSUMER_GROUP, self.worker_id, {stream: ">"},
-                                            count=count, block=block_ms)
+        reply = await self.redis.xreadgroup(
+            keys.CONSUMER_GROUP, self.worker_id, {stream: ">"}, count=count, block=block_ms
+        )
         if not reply:
             return []
         entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
         return [(_text(entry_id), fields) for entry_id, fields in entries if fields is not None]
 
     async def autoclaim(self, stream: str, min_idle_ms: int, count: int, start_id: str = "0-0") -> AutoClaim:
-        reply = await self.redis.execute_command("XAUTOCLAIM", stream, keys.CONSUMER_GROUP, self.worker_id,
-                                                 min_idle_ms, start_id, "COUNT", count)
+        reply = await self.redis.execute_command(
+            "XAUTOCLAIM", stream, keys.CONSUMER_GROUP, self.worker_id, min_idle_ms, start_id, "COUNT", count
+        )
         return parse_autoclaim(reply)
 
     async def idle_owners(self, stream: str, min_idle_ms: int, count: int) -> set[str]:
         """Consumers holding entries idle for at least `min_idle_ms`."""
-        pending = await self.redis.xpending_range(stream, keys.CONSUMER_GROUP, min="-", max="+", count=count,
-                                                  idle=min_idle_ms)
+        pending = await self.redis.xpending_range(
+            stream, keys.CONSUMER_GROUP, min="-", max="+", count=count, idle=min_idle_ms
+        )
         return {_text(item["consumer"]) for item in pending}
 
     async def claim(self, stream: str, entry_id: str, request_id: str) -> Claim | None:
         """Take over the job state for the entry we hold, in one round trip; None if not ours."""
-        reply = await self._claim(keys=[stream, keys.job_state(request_id), keys.cancel_key(request_id),
-                                        keys.event_log(request_id)],
-                                  args=[keys.CONSUMER_GROUP, entry_id, self.worker_id, JOB_STATE_TTL_S])
+        reply = await self._claim(
+            keys=[stream, keys.job_state(request_id), keys.cancel_key(request_id), keys.event_log(request_id)],
+            args=[keys.CONSUMER_GROUP, entry_id, self.worker_id, JOB_STATE_TTL_S],
+        )
         if reply is None:
             return None
         return Claim(int(reply[0]), JobState.from_fields(_pairs(reply[1]), reply[3]), int(reply[2]) == 1)
@@ -252,9 +266,15 @@ class RedisIO:
 
     async def dead_letter_unowned(self, stream: str, entry_id: str, fields: dict[str, str], reason: str) -> None:
         """A malformed entry with no usable id: straight to the dead letters, acknowledged."""
-        await self._complete(keys=[stream, keys.job_state(fields.get("id") or entry_id), keys.DEAD_LETTER_STREAM],
-                             args=[keys.CONSUMER_GROUP, entry_id, self.worker_id,
-                                   *_flatten(dead_letter_fields(fields, stream, entry_id, reason, self.worker_id))])
+        await self._complete(
+            keys=[stream, keys.job_state(fields.get("id") or entry_id), keys.DEAD_LETTER_STREAM],
+            args=[
+                keys.CONSUMER_GROUP,
+                entry_id,
+                self.worker_id,
+                *_flatten(dead_letter_fields(fields, stream, entry_id, reason, self.worker_id)),
+            ],
+        )
 
     async def ack_deleted(self, stream: str, entry_ids: list[str]) -> None:
         if entry_ids:
@@ -266,11 +286,17 @@ class RedisIO:
         return int(await self._touch(keys=[stream], args=[keys.CONSUMER_GROUP, self.worker_id, *entry_ids]))
 
 
-def dead_letter_fields(fields: dict[str, str], stream: str, entry_id: str, reason: str,
-                       worker_id: str) -> dict[str, str]:
+def dead_letter_fields(
+    fields: dict[str, str], stream: str, entry_id: str, reason: str, worker_id: str
+) -> dict[str, str]:
     """The original job fields plus why, where from, and by whom."""
-    return {**{name: str(value) for name, value in fields.items()}, "reason": reason, "stream": stream,
-            "entry_id": entry_id, "dead_lettered_by": worker_id}
+    return {
+        **{name: str(value) for name, value in fields.items()},
+        "reason": reason,
+        "stream": stream,
+        "entry_id": entry_id,
+        "dead_lettered_by": worker_id,
+    }
 
 
 def batch_call(items: list[BatchItem], worker_id: str) -> tuple[list[str], list[Any]]:
@@ -289,8 +315,10 @@ def _complete_args(ref: JobRef) -> list[Any]:
 
 
 def _complete_call(ref: JobRef, worker_id: str, dead_letter: dict[str, str] | None) -> tuple[list[str], list[str]]:
-    return ([ref.stream, keys.job_state(ref.request_id), keys.DEAD_LETTER_STREAM],
-            [keys.CONSUMER_GROUP, ref.entry_id, worker_id, *_flatten(dead_letter or {})])
+    return (
+        [ref.stream, keys.job_state(ref.request_id), keys.DEAD_LETTER_STREAM],
+        [keys.CONSUMER_GROUP, ref.entry_id, worker_id, *_flatten(dead_letter or {})],
+    )
 
 
 def _publish_args(item: Publication) -> list[Any]:

@@ -89,9 +89,13 @@ class _Lane:
 
 
 class Scheduler:
-    def __init__(self, stepper: LaneStepper, config: SchedulerConfig,
-                 is_cancelled: Callable[[LaneKey], bool] = lambda key: False,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        stepper: LaneStepper,
+        config: SchedulerConfig,
+        is_cancelled: Callable[[LaneKey], bool] = lambda key: False,
+        clock: Callable[[], float] = time.time,
+    ):
         assert config.max_lanes >= 1 and config.max_prefill_chunk >= 1, config
         self.stepper = stepper
         self.config = config
@@ -123,8 +127,10 @@ class Scheduler:
 
     def submit(self, request: LaneRequest) -> None:
         if request.kv_bytes > self.config.max_kv_bytes:
-            raise LaneTooLarge(f"lane {request.key} needs kv_bytes={request.kv_bytes}, more than the "
-                               f"worker's max_kv_bytes={self.config.max_kv_bytes}")
+            raise LaneTooLarge(
+                f"lane {request.key} needs kv_bytes={request.kv_bytes}, more than the "
+                f"worker's max_kv_bytes={self.config.max_kv_bytes}"
+            )
         self._waiting.append(request)
 
     def step(self) -> StepResult | None:

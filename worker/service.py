@@ -87,21 +87,32 @@ class ServiceConfig:
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
     stream_interval: int = 1  # tokens a delta gathers before it is published (first output: at once)
     publish_interval_s: float = 0.005  # least time between event batches while steps run (see Publisher)
-    publish_budget: float = DEFAULT_PUBLISH_BUDGET  # share of the owner's time publishing may take: stretches the interval
+    publish_budget: float = (
+        DEFAULT_PUBLISH_BUDGET  # share of the owner's time publishing may take: stretches the interval
+    )
     orphan_timeout_s: float = 10.0  # a job no gateway has heard for this long is cancelled; 0: never
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, speculation: str | None = None) -> ServiceConfig:
         return cls(
-            worker_id=settings.worker_id, model_name=settings.model_name,
-            speculation=speculation or settings.speculation, redis_url=settings.redis_url,
-            max_lanes=settings.max_lanes, max_context=settings.max_context,
-            prefill_cache_bytes=settings.prefill_cache_bytes, heartbeat_interval_s=settings.heartbeat_interval_s,
-            heartbeat_ttl_s=settings.heartbeat_ttl_s, max_attempts=settings.max_attempts,
-            drain_grace_s=settings.drain_grace_s, redis_timeout_s=settings.redis_timeout_s,
-            metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
-            stream_interval=settings.stream_interval, orphan_timeout_s=settings.orphan_timeout_s,
-            publish_interval_s=settings.publish_interval_ms / 1000, publish_budget=settings.publish_budget,
+            worker_id=settings.worker_id,
+            model_name=settings.model_name,
+            speculation=speculation or settings.speculation,
+            redis_url=settings.redis_url,
+            max_lanes=settings.max_lanes,
+            max_context=settings.max_context,
+            prefill_cache_bytes=settings.prefill_cache_bytes,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s,
+            max_attempts=settings.max_attempts,
+            drain_grace_s=settings.drain_grace_s,
+            redis_timeout_s=settings.redis_timeout_s,
+            metrics_host=settings.metrics_host,
+            metrics_port=settings.metrics_port,
+            stream_interval=settings.stream_interval,
+            orphan_timeout_s=settings.orphan_timeout_s,
+            publish_interval_s=settings.publish_interval_ms / 1000,
+            publish_budget=settings.publish_budget,
         )
 
     @property
@@ -120,8 +131,9 @@ class WorkerService:
         self.freeze_heap = freeze_heap
         self.counters = WorkerCounters()
         self.capacity = Capacity(config.max_lanes)
-        self.identity = WorkerIdentity(config.worker_id, config.model_name, config.speculation, config.max_lanes,
-                                       config.max_context, time.time())
+        self.identity = WorkerIdentity(
+            config.worker_id, config.model_name, config.speculation, config.max_lanes, config.max_context, time.time()
+        )
         self._owner: Owner | None = None
         self._publisher_in_use: Publisher | None = None  # the owner thread's, once made (read by /metrics)
         self._held: dict[str, JobRef] = {}  # jobs handed to the owner, by request id
@@ -143,9 +155,12 @@ class WorkerService:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain. Raises if the model cannot be loaded."""
-        client = redis.asyncio.Redis.from_url(self.config.redis_url, decode_responses=True,
-                                              socket_timeout=self.config.redis_timeout_s,
-                                              socket_connect_timeout=self.config.redis_timeout_s)
+        client = redis.asyncio.Redis.from_url(
+            self.config.redis_url,
+            decode_responses=True,
+            socket_timeout=self.config.redis_timeout_s,
+            socket_connect_timeout=self.config.redis_timeout_s,
+        )
         stop_metrics = self._serve_metrics()
         try:
             await self._serve(client, stop)
@@ -159,21 +174,27 @@ class WorkerService:
             return lambda: None
         from worker.metrics import WorkerCollector, serve_metrics, stop_metrics
 
-        collector = WorkerCollector(self.identity, self.counters, lambda: self.capacity.held,
-                                    lambda: self._publisher_in_use.interval_s if self._publisher_in_use else 0.0)
+        collector = WorkerCollector(
+            self.identity,
+            self.counters,
+            lambda: self.capacity.held,
+            lambda: self._publisher_in_use.interval_s if self._publisher_in_use else 0.0,
+        )
         server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
         return lambda: stop_metrics(server)
 
     async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
         self.io = RedisIO(client, self.config.worker_id)
-        self._intake = Intake(self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes,
-                              self._hand_over)
+        self._intake = Intake(
+            self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes, self._hand_over
+        )
         loop = asyncio.get_running_loop()
         publisher = self._publisher_in_use = self._publisher(loop)
         owner_ready: asyncio.Future[Owner] = loop.create_future()
         owner_exit: asyncio.Future[None] = loop.create_future()
-        thread = threading.Thread(target=self._owner_main, args=(loop, publisher, owner_ready, owner_exit),
-                                  name="arbor-owner", daemon=True)
+        thread = threading.Thread(
+            target=self._owner_main, args=(loop, publisher, owner_ready, owner_exit), name="arbor-owner", daemon=True
+        )
         thread.start()
         tasks = [asyncio.create_task(self._forever("heartbeat", self._heartbeat_once), name="heartbeat")]
         try:
@@ -183,7 +204,8 @@ class WorkerService:
             if self._owner is None or stop.is_set():
                 return
             group = asyncio.create_task(
-                self._forever_until_ok("consumer group", lambda: self.io.ensure_group(self.config.stream)))
+                self._forever_until_ok("consumer group", lambda: self.io.ensure_group(self.config.stream))
+            )
             tasks.append(group)  # owned like the loops: cancelled at shut-down if Redis never answers
             await _first(stop, group)
             if stop.is_set():
@@ -198,7 +220,9 @@ class WorkerService:
 
     def _start_serving_tasks(self) -> list[asyncio.Task]:
         loops: dict[str, Callable[[], Awaitable[None]]] = {
-            "reader": self._read_once, "reclaimer": self._reclaim_once, "control": self._control_once,
+            "reader": self._read_once,
+            "reclaimer": self._reclaim_once,
+            "control": self._control_once,
             "cancel-keys": self._poll_cancel_keys_once,
         }
         self._reclaimer = Reclaimer(self.io, self.config.stream, int(self.config.heartbeat_ttl_s * 1000))
@@ -207,19 +231,28 @@ class WorkerService:
     def _publisher(self, loop: asyncio.AbstractEventLoop) -> Publisher:
         """The owner thread's publisher; it connects on its first batch."""
         config = self.config
-        pool = redis.ConnectionPool.from_url(config.redis_url, socket_timeout=config.redis_timeout_s,
-                                             socket_connect_timeout=config.redis_timeout_s)
-        return Publisher(pool, config.worker_id, config.stream, config.redis_timeout_s,
-                         on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
-                         on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref),
-                         stream_interval=config.stream_interval, orphan_timeout_s=config.orphan_timeout_s,
-                         publish_interval_s=config.publish_interval_s, publish_budget=config.publish_budget,
-                         on_orphaned=lambda request_id: loop.call_soon_threadsafe(self._orphaned, request_id))
+        pool = redis.ConnectionPool.from_url(
+            config.redis_url, socket_timeout=config.redis_timeout_s, socket_connect_timeout=config.redis_timeout_s
+        )
+        return Publisher(
+            pool,
+            config.worker_id,
+            config.stream,
+            config.redis_timeout_s,
+            on_lost=lambda request_id: loop.call_soon_threadsafe(self._lose, request_id),
+            on_done=lambda ref: loop.call_soon_threadsafe(self._finished, ref),
+            stream_interval=config.stream_interval,
+            orphan_timeout_s=config.orphan_timeout_s,
+            publish_interval_s=config.publish_interval_s,
+            publish_budget=config.publish_budget,
+            on_orphaned=lambda request_id: loop.call_soon_threadsafe(self._orphaned, request_id),
+        )
 
     # -- the owner thread -------------------------------------------------------------------
 
-    def _owner_main(self, loop: asyncio.AbstractEventLoop, publisher: Publisher, ready: asyncio.Future,
-                    exited: asyncio.Future) -> None:
+    def _owner_main(
+        self, loop: asyncio.AbstractEventLoop, publisher: Publisher, ready: asyncio.Future, exited: asyncio.Future
+    ) -> None:
         waiting = ready  # the future a failure goes to: loading first, then running
         try:
             owner = self._build_owner(publisher)
@@ -248,8 +281,9 @@ class WorkerService:
         cache = PrefixCache(config.prefill_cache_bytes) if config.prefill_cache_bytes > 0 else None
         stepper = ModelStepper(served.runner, cache, self.counters)
         max_kv_bytes = config.max_kv_bytes or config.max_lanes * stepper.kv_bytes(config.max_context, 0)
-        owner_config = OwnerConfig(config.worker_id, config.speculation, config.max_lanes, max_kv_bytes,
-                                   config.max_prefill_chunk)
+        owner_config = OwnerConfig(
+            config.worker_id, config.speculation, config.max_lanes, max_kv_bytes, config.max_prefill_chunk
+        )
         return Owner(stepper, served.tokenizer, owner_config, self.capacity, publisher)
 
     # -- loops (one iteration each; `_forever` repeats them and rides out Redis outages) ----------
@@ -361,8 +395,11 @@ class WorkerService:
         """No gateway has heard the job's events for the orphan timeout: its client is gone with
         its gateway (killed, say). Cancel it instead of running it to max_tokens for no one."""
         if request_id in self._held:
-            log.warning("nobody has listened to job %s for %.0fs (its gateway is gone?); cancelling it",
-                        request_id, self.config.orphan_timeout_s)
+            log.warning(
+                "nobody has listened to job %s for %.0fs (its gateway is gone?); cancelling it",
+                request_id,
+                self.config.orphan_timeout_s,
+            )
             self._send_cancel(request_id)
 
     def _finished(self, ref: JobRef) -> None:
@@ -400,8 +437,9 @@ class WorkerService:
         if self._held:
             log.warning("drain grace over; leaving %d jobs to be reclaimed", len(self._held))
 
-    async def _shut_down(self, tasks: list[asyncio.Task], thread: threading.Thread, client: Redis,
-                         owner_exit: asyncio.Future) -> None:
+    async def _shut_down(
+        self, tasks: list[asyncio.Task], thread: threading.Thread, client: Redis, owner_exit: asyncio.Future
+    ) -> None:
         self._ready = False
         if self._owner is not None:
             self._owner.inbox.put(StopOwner())

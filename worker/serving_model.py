@@ -43,10 +43,15 @@ class ServingModel:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def load_serving_model(model: str | Path | None = None, speculation: str = "none",
-                       options: DraftOptions | None = None, dtype: str = "float32",
-                       max_context: int | None = None, num_threads: int | None = None,
-                       cache_dir: Path | None = None) -> ServingModel:
+def load_serving_model(
+    model: str | Path | None = None,
+    speculation: str = "none",
+    options: DraftOptions | None = None,
+    dtype: str = "float32",
+    max_context: int | None = None,
+    num_threads: int | None = None,
+    cache_dir: Path | None = None,
+) -> ServingModel:
     if num_threads:
         torch.set_num_threads(num_threads)
     loaded = load_model(model, dtype=dtype, cache_dir=cache_dir)

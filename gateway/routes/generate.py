@@ -61,8 +61,10 @@ async def _generate(request: Request, kind: JobKind) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     req = parse_request(kind, raw, svc.limits)
     await _admit(svc, req.model)
-    jobs = [new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
-            for one in _one_request_per_prompt(req)]
+    jobs = [
+        new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
+        for one in _one_request_per_prompt(req)
+    ]
     fmt = _format(req, jobs[0].id, int(jobs[0].created))
     watch = disconnect_watch(request.scope)
     gens = [Generation(svc, job, req.n, watch, arrived) for job in jobs]

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway.services import Services
-from shared.live_workers import live_workers
 from shared.heartbeat import Heartbeat
+from shared.live_workers import live_workers
 
 
 async def health(request: Request) -> JSONResponse:

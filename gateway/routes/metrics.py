@@ -10,8 +10,8 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shared.fleet import FleetSnapshot, read_fleet
 from gateway.services import Services
+from shared.fleet import FleetSnapshot, read_fleet
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse
 from gateway import errors
 from gateway.openai_responses import ModelCard, ModelList
 from gateway.services import Services
-from shared.live_workers import live_workers
 from shared.heartbeat import Heartbeat
+from shared.live_workers import live_workers
 
 
 async def list_models(request: Request) -> JSONResponse:

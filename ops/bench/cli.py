@@ -22,8 +22,12 @@ def add_bench_parser(subparsers) -> None:
 
 def _add_decode_parser(commands) -> None:
     parser = commands.add_parser("decode", help="decode tokens/s per speculation mode vs transformers, in process")
-    parser.add_argument("--modes", type=_modes, default=["none", "mtp", "dflash", "tree", "ngram"],
-                        help="comma-separated speculation modes (default: none,mtp,dflash,tree,ngram)")
+    parser.add_argument(
+        "--modes",
+        type=_modes,
+        default=["none", "mtp", "dflash", "tree", "ngram"],
+        help="comma-separated speculation modes (default: none,mtp,dflash,tree,ngram)",
+    )
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts to decode (1..12, default 8)")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt, EOS ignored")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -32,12 +36,19 @@ def _add_decode_parser(commands) -> None:
     parser.add_argument("--draft-mtp", type=Path, default=None, help="MTP head for mode mtp")
     parser.add_argument("--draft-dflash", type=Path, default=None, help="DFlash drafter for modes dflash and tree")
     parser.add_argument("--assistant", default=None, help="assistant model for transformers' assisted generation")
-    parser.add_argument("--prompt-lookup-tokens", type=int, default=3,
-                        help="transformers' prompt_lookup_num_tokens (default 3, Arbor ngram's chain length)")
+    parser.add_argument(
+        "--prompt-lookup-tokens",
+        type=int,
+        default=3,
+        help="transformers' prompt_lookup_num_tokens (default 3, Arbor ngram's chain length)",
+    )
     parser.add_argument("--no-transformers", action="store_true", help="skip the transformers contenders")
-    parser.add_argument("--json-mode", action="store_true",
-                        help="response_format json_object for every Arbor mode (EOS ends each answer), beside "
-                             "plain decoding of unconstrained text; no transformers")
+    parser.add_argument(
+        "--json-mode",
+        action="store_true",
+        help="response_format json_object for every Arbor mode (EOS ends each answer), beside "
+        "plain decoding of unconstrained text; no transformers",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     _add_common(parser)
     parser.set_defaults(handler=_run_decode)
@@ -45,21 +56,35 @@ def _add_decode_parser(commands) -> None:
 
 def _add_serving_parser(commands) -> None:
     parser = commands.add_parser("serving", help="the real stack (Redis, gateway, workers) under streaming clients")
-    parser.add_argument("--workers", default="1,2", help="worker counts: the first serves the sweep, "
-                        "the others are compared with it at the highest concurrency (default 1,2)")
+    parser.add_argument(
+        "--workers",
+        default="1,2",
+        help="worker counts: the first serves the sweep, "
+        "the others are compared with it at the highest concurrency (default 1,2)",
+    )
     parser.add_argument("--concurrency", default="1,4,16,64", help="concurrent clients per level (default 1,4,16,64)")
-    parser.add_argument("--requests-per-level", type=int, default=None,
-                        help="requests per level (default: 2 × concurrency, at least 8)")
+    parser.add_argument(
+        "--requests-per-level", type=int, default=None, help="requests per level (default: 2 × concurrency, at least 8)"
+    )
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request, EOS ignored")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--speculation", choices=SPECULATION_MODES, default="none",
-                        help="the workers' mode (default none)")
+    parser.add_argument(
+        "--speculation", choices=SPECULATION_MODES, default="none", help="the workers' mode (default none)"
+    )
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp, dflash or tree")
-    parser.add_argument("--compare-requests", type=int, default=6,
-                        help="sequential requests for gateway vs in-process generate (0 skips it; default 6)")
-    parser.add_argument("--worker-threads", type=int, default=None,
-                        help="torch threads per worker and in process (OMP_NUM_THREADS; default: torch's choice)")
+    parser.add_argument(
+        "--compare-requests",
+        type=int,
+        default=6,
+        help="sequential requests for gateway vs in-process generate (0 skips it; default 6)",
+    )
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=None,
+        help="torch threads per worker and in process (OMP_NUM_THREADS; default: torch's choice)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers to load")
     parser.add_argument("--level-timeout", type=float, default=900.0, help="seconds one load level may take")
     _add_common(parser)
@@ -71,13 +96,22 @@ def _add_owner_parser(commands) -> None:
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--requests", type=int, default=40, help="requests per loop, alternating (default 40)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request, EOS ignored")
-    parser.add_argument("--publish-interval-ms", type=float, default=5.0,
-                        help="the publisher's interval, as ARBOR_PUBLISH_INTERVAL_MS (default 5)")
-    parser.add_argument("--publish-budget", type=float, default=DEFAULT_PUBLISH_BUDGET,
-                        help=f"the publisher's budget, as ARBOR_PUBLISH_BUDGET (default {DEFAULT_PUBLISH_BUDGET:g})")
+    parser.add_argument(
+        "--publish-interval-ms",
+        type=float,
+        default=5.0,
+        help="the publisher's interval, as ARBOR_PUBLISH_INTERVAL_MS (default 5)",
+    )
+    parser.add_argument(
+        "--publish-budget",
+        type=float,
+        default=DEFAULT_PUBLISH_BUDGET,
+        help=f"the publisher's budget, as ARBOR_PUBLISH_BUDGET (default {DEFAULT_PUBLISH_BUDGET:g})",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--free-model", action="store_true",
-                        help="a decode step that costs nothing: measure each loop's own work")
+    parser.add_argument(
+        "--free-model", action="store_true", help="a decode step that costs nothing: measure each loop's own work"
+    )
     _add_common(parser)
     parser.set_defaults(handler=_run_owner)
 

@@ -54,9 +54,15 @@ class RequestRecord:
 
 
 def chat_body(model: str, prompt: str, max_tokens: int, temperature: float) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": temperature, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 class HttpError(Exception):
@@ -114,9 +120,11 @@ class SseClient:
         reader, writer = await self._connection()
         response = None
         try:
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
-                         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                         + payload)
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
             response = await _read_head(reader)
             yield response
         finally:
@@ -189,18 +197,26 @@ async def _sse_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[dict]:
         *events, buffer = buffer.split(b"\n\n")
         for event in events:
             if event.startswith(b"data: {"):
-                yield json.loads(event[len(b"data: "):])
+                yield json.loads(event[len(b"data: ") :])
             elif event == b"data: [DONE]":
                 yield DONE
 
 
 def _has_text(chunk: dict) -> bool:
-    return any(choice.get("delta", {}).get("content") or choice.get("delta", {}).get("reasoning_content")
-               for choice in chunk.get("choices") or [])
+    return any(
+        choice.get("delta", {}).get("content") or choice.get("delta", {}).get("reasoning_content")
+        for choice in chunk.get("choices") or []
+    )
 
 
-async def run_level(base_url: str, bodies: Sequence[dict], concurrency: int, timeout_s: float,
-                    request_timeout_s: float, on_done: Callable[[RequestRecord], None] = lambda _: None) -> dict:
+async def run_level(
+    base_url: str,
+    bodies: Sequence[dict],
+    concurrency: int,
+    timeout_s: float,
+    request_timeout_s: float,
+    on_done: Callable[[RequestRecord], None] = lambda _: None,
+) -> dict:
     """Send every body, `concurrency` at a time (closed loop); the level stops after `timeout_s`."""
     records: list[RequestRecord] = []
     pending = iter(bodies)
@@ -216,8 +232,9 @@ async def run_level(base_url: str, bodies: Sequence[dict], concurrency: int, tim
         async with asyncio.timeout(timeout_s):
             await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     except TimeoutError:
-        records += [RequestRecord(error=f"level timed out after {timeout_s:.0f} s")
-                    for _ in range(len(bodies) - len(records))]
+        records += [
+            RequestRecord(error=f"level timed out after {timeout_s:.0f} s") for _ in range(len(bodies) - len(records))
+        ]
     finally:
         await client.aclose()
     return summarize_level(concurrency, records, time.perf_counter() - started)
@@ -227,8 +244,12 @@ def summarize_level(concurrency: int, records: list[RequestRecord], duration_s: 
     ok = [record for record in records if record.ok]
     errors = [record.error for record in records if not record.ok]
     return {
-        "concurrency": concurrency, "requests": len(records), "ok": len(ok), "errors": len(errors),
-        "error_samples": sorted(set(filter(None, errors)))[:ERRORS_KEPT], "duration_s": round(duration_s, 3),
+        "concurrency": concurrency,
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(errors),
+        "error_samples": sorted(set(filter(None, errors)))[:ERRORS_KEPT],
+        "duration_s": round(duration_s, 3),
         "requests_per_s": ratio(len(ok), duration_s),
         "output_tokens_per_s": ratio(sum(record.completion_tokens for record in ok), duration_s),
         "ttft_ms": latency_ms([record.ttft_s for record in ok if record.ttft_s is not None]),
@@ -240,5 +261,8 @@ def summarize_level(concurrency: int, records: list[RequestRecord], duration_s: 
 
 def latency_ms(values_s: Sequence[float]) -> dict:
     p50, p99 = percentile(values_s, 50), percentile(values_s, 99)
-    return {"p50": None if p50 is None else round(1000 * p50, 2), "p99": None if p99 is None else round(1000 * p99, 2),
-            "n": len(values_s)}
+    return {
+        "p50": None if p50 is None else round(1000 * p50, 2),
+        "p99": None if p99 is None else round(1000 * p99, 2),
+        "n": len(values_s),
+    }

@@ -69,9 +69,23 @@ def config_from_args(args: argparse.Namespace) -> DecodeConfig:
         raise ValueError(f"--prompts={args.prompts} must be between 1 and {len(HELD_OUT)} (the held-out set)")
     if args.max_tokens < 1 or args.temperature < 0:
         raise ValueError(f"--max-tokens={args.max_tokens} must be >= 1 and --temperature={args.temperature} >= 0")
-    return DecodeConfig(args.modes, args.prompts, args.max_tokens, args.temperature, args.seed, args.model, args.dtype,
-                        args.draft_mtp, args.draft_dflash, args.assistant, args.prompt_lookup_tokens,
-                        not args.no_transformers, args.threads, args.out, args.json_mode)
+    return DecodeConfig(
+        args.modes,
+        args.prompts,
+        args.max_tokens,
+        args.temperature,
+        args.seed,
+        args.model,
+        args.dtype,
+        args.draft_mtp,
+        args.draft_dflash,
+        args.assistant,
+        args.prompt_lookup_tokens,
+        not args.no_transformers,
+        args.threads,
+        args.out,
+        args.json_mode,
+    )
 
 
 def run_decode(config: DecodeConfig) -> tuple[dict, Path]:
@@ -128,43 +142,70 @@ def _mode_runner(served: ServingModel, mode: str, options: DraftOptions) -> Mode
 
 def _arbor_run(runner: ModelRunner, served: ServingModel, temperature: float, json_mode: bool = False):
     """In JSON mode the answer ends where its object closes (EOS is the only token left then)."""
+
     def run(prompt_ids: list[int], max_tokens: int, seed: int) -> PromptRun:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=not json_mode,
-                                json_object=json_mode)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=not json_mode, json_object=json_mode
+        )
         started = time.perf_counter()
         result = generate(runner, served.tokenizer, prompt_ids, params, request_id="bench")
         stats = result.stats
-        return PromptRun(result.token_ids, stats.generated_tokens, stats.decode_s, time.perf_counter() - started,
-                         stats.target_forwards, stats.drafts, stats.accepted_tokens, stats.draft_s, stats.verify_s)
+        return PromptRun(
+            result.token_ids,
+            stats.generated_tokens,
+            stats.decode_s,
+            time.perf_counter() - started,
+            stats.target_forwards,
+            stats.drafts,
+            stats.accepted_tokens,
+            stats.draft_s,
+            stats.verify_s,
+        )
+
     return run
 
 
 def transformers_contenders(served: ServingModel, config: DecodeConfig) -> tuple[list[Contender], list[dict]]:
     from ops.bench.hf_reference import load_reference
 
-    names = ["transformers generate", f"transformers prompt lookup ({config.prompt_lookup_tokens})",
-             "transformers assistant"]
+    names = [
+        "transformers generate",
+        f"transformers prompt lookup ({config.prompt_lookup_tokens})",
+        "transformers assistant",
+    ]
     try:
         reference = load_reference(config.model, config.dtype)
     except (ValueError, OSError, ImportError) as error:
         reason = f"transformers cannot load {config.model or served.name}: {str(error).splitlines()[0]}"
         return [], [{"name": name, "reason": reason} for name in names]
     pad_id = next(iter(served.loaded.checkpoint.eos_token_ids), 0)
-    contenders = [Contender(names[0], "transformers", _hf_run(reference, config, pad_id)),
-                  Contender(names[1], "transformers",
-                            _hf_run(reference, config, pad_id, prompt_lookup_num_tokens=config.prompt_lookup_tokens))]
+    contenders = [
+        Contender(names[0], "transformers", _hf_run(reference, config, pad_id)),
+        Contender(
+            names[1],
+            "transformers",
+            _hf_run(reference, config, pad_id, prompt_lookup_num_tokens=config.prompt_lookup_tokens),
+        ),
+    ]
     if config.assistant is None:
         return contenders, [{"name": names[2], "reason": _no_assistant_reason(served, config)}]
     assistant = load_reference(config.assistant, config.dtype)
-    contenders.append(Contender(f"{names[2]} ({Path(config.assistant).name})", "transformers",
-                                _hf_run(reference, config, pad_id, assistant_model=assistant)))
+    contenders.append(
+        Contender(
+            f"{names[2]} ({Path(config.assistant).name})",
+            "transformers",
+            _hf_run(reference, config, pad_id, assistant_model=assistant),
+        )
+    )
     return contenders, []
 
 
 def _no_assistant_reason(served: ServingModel, config: DecodeConfig) -> str:
     smallest = " (SmolLM2-135M is already the smallest model of its family)" if config.model is None else ""
-    return (f"no assistant model fits {served.name}: assisted generation needs a smaller model with the same "
-            f"tokenizer and none is installed here{smallest}; pass --assistant PATH")
+    return (
+        f"no assistant model fits {served.name}: assisted generation needs a smaller model with the same "
+        f"tokenizer and none is installed here{smallest}; pass --assistant PATH"
+    )
 
 
 def _hf_run(model, config: DecodeConfig, pad_id: int, **extra: object):
@@ -173,6 +214,7 @@ def _hf_run(model, config: DecodeConfig, pad_id: int, **extra: object):
     def run(prompt_ids: list[int], max_tokens: int, seed: int) -> PromptRun:
         result = hf_generate(model, prompt_ids, max_tokens, config.temperature, seed, pad_id, **extra)
         return PromptRun(result.token_ids, result.num_decoded, result.decode_s, result.wall_s, result.num_forwards)
+
     return run
 
 
@@ -185,8 +227,11 @@ def json_check(runs: list[PromptRun], served: ServingModel) -> dict:
     for run in runs:
         ids = run.token_ids[:-1] if run.token_ids and run.token_ids[-1] in eos_ids else run.token_ids
         states.append(feed(INITIAL, served.tokenizer.decode(ids).encode()))
-    return {"num_prompts": len(runs), "json_so_far": sum(state is not None for state in states),
-            "closed_objects": sum(state is not None and is_complete(state) for state in states)}
+    return {
+        "num_prompts": len(runs),
+        "json_so_far": sum(state is not None for state in states),
+        "closed_objects": sum(state is not None and is_complete(state) for state in states),
+    }
 
 
 def encode_prompt(served: ServingModel, text: str) -> list[int]:
@@ -195,8 +240,9 @@ def encode_prompt(served: ServingModel, text: str) -> list[int]:
     return served.encode_chat([{"role": "user", "content": text}])
 
 
-def run_interleaved(contenders: list[Contender], prompts: list[list[int]],
-                    config: DecodeConfig) -> dict[str, list[PromptRun]]:
+def run_interleaved(
+    contenders: list[Contender], prompts: list[list[int]], config: DecodeConfig
+) -> dict[str, list[PromptRun]]:
     """Prompt by prompt, every contender in turn, the order rotating so none always goes first."""
     runs: dict[str, list[PromptRun]] = {c.name: [] for c in contenders}
     total = len(contenders) * (len(prompts) + 1)
@@ -214,27 +260,45 @@ def run_interleaved(contenders: list[Contender], prompts: list[list[int]],
     return runs
 
 
-def build_report(config: DecodeConfig, served: ServingModel, contenders: list[Contender],
-                 runs: dict[str, list[PromptRun]], unavailable: list[dict], machine: dict) -> dict:
+def build_report(
+    config: DecodeConfig,
+    served: ServingModel,
+    contenders: list[Contender],
+    runs: dict[str, list[PromptRun]],
+    unavailable: list[dict],
+    machine: dict,
+) -> dict:
     summaries = [summarize(c.name, c.engine, runs[c.name]) for c in contenders]
     baseline = "arbor none" if "arbor none" in runs else summaries[0]["name"]
     add_ratios(summaries, baseline)
     arbor_runs = {c.name.removeprefix("arbor "): runs[c.name] for c in contenders if c.engine == "arbor"}
     reference = "none" if "none" in arbor_runs else next(iter(arbor_runs), None)
     report = {
-        "benchmark": "decode", "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine,
+        "benchmark": "decode",
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine,
         "settings": {
-            "model": served.name, "dtype": config.dtype, "threads": torch.get_num_threads(),
-            "modes": config.modes, "num_prompts": config.num_prompts, "max_tokens": config.max_tokens,
-            "temperature": config.temperature, "seed": config.seed,
-            "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "json_mode": config.json_mode,
+            "model": served.name,
+            "dtype": config.dtype,
+            "threads": torch.get_num_threads(),
+            "modes": config.modes,
+            "num_prompts": config.num_prompts,
+            "max_tokens": config.max_tokens,
+            "temperature": config.temperature,
+            "seed": config.seed,
+            "prompt_lookup_num_tokens": config.prompt_lookup_tokens,
+            "json_mode": config.json_mode,
         },
-        "note": SIDE_BY_SIDE_NOTE, "baseline": baseline, "contenders": summaries, "unavailable": unavailable,
+        "note": SIDE_BY_SIDE_NOTE,
+        "baseline": baseline,
+        "contenders": summaries,
+        "unavailable": unavailable,
         "lossless": losslessness(arbor_runs, reference, config.temperature > 0) if reference else None,
         "transformers_agreement": None,
         "json_check": json_check(arbor_runs[reference], served) if config.json_mode and reference else None,
     }
     if config.temperature == 0 and arbor_runs and "transformers generate" in runs:
         report["transformers_agreement"] = agreement_before_eos(
-            arbor_runs[reference], runs["transformers generate"], served.loaded.checkpoint.eos_token_ids)
+            arbor_runs[reference], runs["transformers generate"], served.loaded.checkpoint.eos_token_ids
+        )
     return report

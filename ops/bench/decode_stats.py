@@ -34,10 +34,17 @@ def summarize(name: str, engine: str, runs: Sequence[PromptRun]) -> dict:
     drafts = None if runs[0].num_drafts is None else sum(run.num_drafts or 0 for run in runs)
     accepted = None if runs[0].num_accepted is None else sum(run.num_accepted or 0 for run in runs)
     return {
-        "name": name, "engine": engine, "available": True, "tokens": num_tokens,
-        "decode_s": round(decode_s, 4), "wall_s": round(wall_s, 4),
-        "decode_tokens_per_s": ratio(num_decoded, decode_s), "wall_tokens_per_s": ratio(num_tokens, wall_s),
-        "target_forwards": num_forwards, "drafts": drafts, "accepted_tokens": accepted,
+        "name": name,
+        "engine": engine,
+        "available": True,
+        "tokens": num_tokens,
+        "decode_s": round(decode_s, 4),
+        "wall_s": round(wall_s, 4),
+        "decode_tokens_per_s": ratio(num_decoded, decode_s),
+        "wall_tokens_per_s": ratio(num_tokens, wall_s),
+        "target_forwards": num_forwards,
+        "drafts": drafts,
+        "accepted_tokens": accepted,
         "tokens_per_forward": ratio(num_tokens, num_forwards),
         # 1 + accepted / drafts, as vLLM reports it; 1.0 when nothing was ever drafted
         "acceptance_length": None if drafts is None else 1.0 + (accepted / drafts if drafts else 0.0),
@@ -69,12 +76,18 @@ def losslessness(runs_by_mode: dict[str, list[PromptRun]], reference: str, sampl
     draw in every mode, so even sampled outputs must match token for token.
     """
     expected = [run.token_ids for run in runs_by_mode[reference]]
-    mismatched = {mode: sum(run.token_ids != ids for run, ids in zip(runs, expected, strict=True))
-                  for mode, runs in runs_by_mode.items() if mode != reference}
+    mismatched = {
+        mode: sum(run.token_ids != ids for run, ids in zip(runs, expected, strict=True))
+        for mode, runs in runs_by_mode.items()
+        if mode != reference
+    }
     return {
-        "reference": reference, "modes": list(runs_by_mode), "num_prompts": len(expected),
+        "reference": reference,
+        "modes": list(runs_by_mode),
+        "num_prompts": len(expected),
         "sampling": "seeded sampling" if sampled else "greedy",
-        "compared": len(runs_by_mode) > 1, "identical": not any(mismatched.values()),
+        "compared": len(runs_by_mode) > 1,
+        "identical": not any(mismatched.values()),
         "mismatched_prompts": mismatched,
     }
 
@@ -82,8 +95,10 @@ def losslessness(runs_by_mode: dict[str, list[PromptRun]], reference: str, sampl
 def agreement_before_eos(reference: list[PromptRun], other: list[PromptRun], eos_ids: Sequence[int]) -> dict:
     # transformers' min_new_tokens suppresses EOS while Arbor's ignore_eos emits it and continues,
     # so the two can only agree up to the first EOS.
-    same = sum(_before_eos(a.token_ids, eos_ids) == _before_eos(b.token_ids, eos_ids)
-               for a, b in zip(reference, other, strict=True))
+    same = sum(
+        _before_eos(a.token_ids, eos_ids) == _before_eos(b.token_ids, eos_ids)
+        for a, b in zip(reference, other, strict=True)
+    )
     return {"identical_prompts": same, "num_prompts": len(reference)}
 
 
@@ -94,26 +109,43 @@ def _before_eos(token_ids: list[int], eos_ids: Sequence[int]) -> list[int]:
 
 def decode_markdown(report: dict) -> str:
     settings = report["settings"]
-    lines = [f"# arbor bench decode — {report['timestamp']}", "",
-             f"Model {settings['model']}, {settings['dtype']}, {settings['threads']} torch threads, "
-             f"{settings['num_prompts']} held-out prompts × {_token_budget(settings)}, "
-             f"temperature {settings['temperature']}, seed {settings['seed']}; "
-             f"machine: {report['machine']['cpu_count']} cores, load average {report['machine']['load_average_1m']} "
-             f"at start. Ratios are to `{report['baseline']}`.", "", *_json_mode_lines(report),
-             _contender_table(report["contenders"]), ""]
+    lines = [
+        f"# arbor bench decode — {report['timestamp']}",
+        "",
+        f"Model {settings['model']}, {settings['dtype']}, {settings['threads']} torch threads, "
+        f"{settings['num_prompts']} held-out prompts × {_token_budget(settings)}, "
+        f"temperature {settings['temperature']}, seed {settings['seed']}; "
+        f"machine: {report['machine']['cpu_count']} cores, load average {report['machine']['load_average_1m']} "
+        f"at start. Ratios are to `{report['baseline']}`.",
+        "",
+        *_json_mode_lines(report),
+        _contender_table(report["contenders"]),
+        "",
+    ]
     lines += [f"- {item['name']}: unavailable: {item['reason']}" for item in report["unavailable"]]
     lines += ["", _lossless_line(report["lossless"])]
     if report.get("transformers_agreement"):
         agreement = report["transformers_agreement"]
-        lines.append(f"- transformers generate (plain) gives the same tokens as Arbor up to the first EOS on "
-                     f"{agreement['identical_prompts']}/{agreement['num_prompts']} prompts.")
+        lines.append(
+            f"- transformers generate (plain) gives the same tokens as Arbor up to the first EOS on "
+            f"{agreement['identical_prompts']}/{agreement['num_prompts']} prompts."
+        )
     if any("draft_ms_per_step" in c for c in report["contenders"]):
-        lines += ["", "Where a decode step's time goes (Arbor): drafting is the drafter's `propose`; verifying is "
-                  "the target forward over root + drafts, the acceptance walk and the drafter's `observe`.", "",
-                  _step_cost_table(report["contenders"])]
-    lines += ["", "Decode tokens/s: Arbor counts every generated token over its decode steps (`stats.decode_s`); "
-              "transformers counts the tokens after the prefill's over the time after it. Wall tokens/s include "
-              "prefill.", "", f"Measured side by side: {SIDE_BY_SIDE_NOTE}."]
+        lines += [
+            "",
+            "Where a decode step's time goes (Arbor): drafting is the drafter's `propose`; verifying is "
+            "the target forward over root + drafts, the acceptance walk and the drafter's `observe`.",
+            "",
+            _step_cost_table(report["contenders"]),
+        ]
+    lines += [
+        "",
+        "Decode tokens/s: Arbor counts every generated token over its decode steps (`stats.decode_s`); "
+        "transformers counts the tokens after the prefill's over the time after it. Wall tokens/s include "
+        "prefill.",
+        "",
+        f"Measured side by side: {SIDE_BY_SIDE_NOTE}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -127,31 +159,64 @@ def _json_mode_lines(report: dict) -> list[str]:
     check = report.get("json_check")
     if not report["settings"].get("json_mode") or check is None:
         return []
-    return [f"**JSON mode** (`response_format: json_object`) for every Arbor mode: each answer ends where its object "
-            f"closes, so answers are shorter than the token budget. `arbor none, text` decodes unconstrained text "
-            f"beside them (EOS ignored): the mask's cost. Plain decoding's answers: {check['json_so_far']}/"
-            f"{check['num_prompts']} JSON as far as they go, {check['closed_objects']} closed their object.", ""]
+    return [
+        f"**JSON mode** (`response_format: json_object`) for every Arbor mode: each answer ends where its object "
+        f"closes, so answers are shorter than the token budget. `arbor none, text` decodes unconstrained text "
+        f"beside them (EOS ignored): the mask's cost. Plain decoding's answers: {check['json_so_far']}/"
+        f"{check['num_prompts']} JSON as far as they go, {check['closed_objects']} closed their object.",
+        "",
+    ]
 
 
 def _step_cost_table(contenders: list[dict]) -> str:
-    headers = ["mode", "ms per step", "drafting (propose)", "verifying (forward + observe)", "tokens/forward",
-               "ms per token"]
+    headers = [
+        "mode",
+        "ms per step",
+        "drafting (propose)",
+        "verifying (forward + observe)",
+        "tokens/forward",
+        "ms per token",
+    ]
     rows = []
     for c in contenders:
         if "draft_ms_per_step" not in c:
             continue
         step = c["draft_ms_per_step"] + c["verify_ms_per_step"]
-        rows.append([c["name"], fmt(step), fmt(c["draft_ms_per_step"]), fmt(c["verify_ms_per_step"]),
-                     fmt(c["tokens_per_forward"], 2), fmt(step / c["tokens_per_forward"])])
+        rows.append(
+            [
+                c["name"],
+                fmt(step),
+                fmt(c["draft_ms_per_step"]),
+                fmt(c["verify_ms_per_step"]),
+                fmt(c["tokens_per_forward"], 2),
+                fmt(step / c["tokens_per_forward"]),
+            ]
+        )
     return markdown_table(headers, rows)
 
 
 def _contender_table(contenders: list[dict]) -> str:
-    headers = ["contender", "decode tokens/s", "ratio", "tokens/forward", "acceptance length",
-               "wall tokens/s", "wall ratio"]
-    rows = [[c["name"], fmt(c["decode_tokens_per_s"]), fmt(c["ratio_to_baseline"], 2, "x"),
-             fmt(c["tokens_per_forward"], 2), fmt(c["acceptance_length"], 2), fmt(c["wall_tokens_per_s"]),
-             fmt(c["wall_ratio_to_baseline"], 2, "x")] for c in contenders]
+    headers = [
+        "contender",
+        "decode tokens/s",
+        "ratio",
+        "tokens/forward",
+        "acceptance length",
+        "wall tokens/s",
+        "wall ratio",
+    ]
+    rows = [
+        [
+            c["name"],
+            fmt(c["decode_tokens_per_s"]),
+            fmt(c["ratio_to_baseline"], 2, "x"),
+            fmt(c["tokens_per_forward"], 2),
+            fmt(c["acceptance_length"], 2),
+            fmt(c["wall_tokens_per_s"]),
+            fmt(c["wall_ratio_to_baseline"], 2, "x"),
+        ]
+        for c in contenders
+    ]
     return markdown_table(headers, rows)
 
 
@@ -161,6 +226,8 @@ def _lossless_line(check: dict | None) -> str:
     if not check["compared"]:
         return f"- Losslessness: only `{check['reference']}` ran, nothing to compare."
     verdict = "yes" if check["identical"] else f"NO (mismatched prompts: {check['mismatched_prompts']})"
-    return (f"- Losslessness ({check['sampling']}): token ids identical to `{check['reference']}` for "
-            f"{', '.join(m for m in check['modes'] if m != check['reference'])} on all {check['num_prompts']} "
-            f"prompts: {verdict}.")
+    return (
+        f"- Losslessness ({check['sampling']}): token ids identical to `{check['reference']}` for "
+        f"{', '.join(m for m in check['modes'] if m != check['reference'])} on all {check['num_prompts']} "
+        f"prompts: {verdict}."
+    )

@@ -51,18 +51,32 @@ def load_reference(model: str | Path | None, dtype: str) -> transformers.PreTrai
 
 
 @torch.inference_mode()
-def hf_generate(model: transformers.PreTrainedModel, prompt_ids: list[int], max_tokens: int, temperature: float,
-                seed: int, pad_token_id: int, **extra: object) -> HFRun:
+def hf_generate(
+    model: transformers.PreTrainedModel,
+    prompt_ids: list[int],
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    pad_token_id: int,
+    **extra: object,
+) -> HFRun:
     """One prompt through `model.generate`; `extra` adds prompt_lookup_num_tokens or assistant_model."""
     streamer = TimingStreamer()
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     input_ids = torch.tensor([prompt_ids])
     started = time.perf_counter()
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
-                         min_new_tokens=max_tokens, pad_token_id=pad_token_id, streamer=streamer,
-                         **sampling, **extra)
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        pad_token_id=pad_token_id,
+        streamer=streamer,
+        **sampling,
+        **extra,
+    )
     wall_s = time.perf_counter() - started
-    token_ids = out[0, len(prompt_ids):].tolist()
+    token_ids = out[0, len(prompt_ids) :].tolist()
     (first_at, first_count), last_at = streamer.puts[1], streamer.puts[-1][0]
     return HFRun(token_ids, len(token_ids) - first_count, last_at - first_at, wall_s, len(streamer.puts) - 1)

@@ -38,8 +38,9 @@ class LoadSample:
 class OtherLoad:
     """`sample()` now, `cores_since(sample)` later: the cores others used in between (None off Linux)."""
 
-    def __init__(self, own_pids: Callable[[], Sequence[int]], proc: Path = PROC,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, own_pids: Callable[[], Sequence[int]], proc: Path = PROC, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._own_pids = own_pids  # asked each time: workers come and go
         self._proc = proc
         self._clock = clock

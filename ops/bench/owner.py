@@ -84,15 +84,29 @@ def _free_decode_step(sequence) -> list[int]:
 
 
 def run_owner_command(args: argparse.Namespace) -> int:
-    wrong = [f"--{flag}={value} must be at least {least}" for flag, value, least in (
-        ("requests", args.requests, 1), ("max-tokens", args.max_tokens, 2),
-        ("publish-interval-ms", args.publish_interval_ms, 0), ("publish-budget", args.publish_budget, 0))
-        if value < least]
+    wrong = [
+        f"--{flag}={value} must be at least {least}"
+        for flag, value, least in (
+            ("requests", args.requests, 1),
+            ("max-tokens", args.max_tokens, 2),
+            ("publish-interval-ms", args.publish_interval_ms, 0),
+            ("publish-budget", args.publish_budget, 0),
+        )
+        if value < least
+    ]
     if wrong:
         raise ValueError("; ".join(wrong))
     folder = results_dir(args.out)
-    report = run_owner_bench(args.model, args.requests, args.max_tokens, args.publish_interval_ms / 1000,
-                             args.threads, args.dtype, args.free_model, args.publish_budget)
+    report = run_owner_bench(
+        args.model,
+        args.requests,
+        args.max_tokens,
+        args.publish_interval_ms / 1000,
+        args.threads,
+        args.dtype,
+        args.free_model,
+        args.publish_budget,
+    )
     write_json(folder / "owner.json", report)
     text = owner_markdown(report)
     (folder / "owner.md").write_text(text)
@@ -101,8 +115,16 @@ def run_owner_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_interval_s: float,
-                    threads: int | None, dtype: str, free_model: bool = False, publish_budget: float = 0.0) -> dict:
+def run_owner_bench(
+    model: str | None,
+    requests: int,
+    max_tokens: int,
+    publish_interval_s: float,
+    threads: int | None,
+    dtype: str,
+    free_model: bool = False,
+    publish_budget: float = 0.0,
+) -> dict:
     from ops.bench.decode import encode_prompt  # torch from here on
     from ops.training.prompts import HELD_OUT
     from worker.serving_model import load_serving_model
@@ -112,8 +134,12 @@ def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_i
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for prompt in prompts:  # a one-line error now, not a failed lane later
         served.runner.check_fits(len(prompt), max_tokens)
-    with (EmbeddedRedis() as server, _Listener(server.url), _FreeModel(served.runner, free_model),
-          _OwnerLoop(served, server.url, publish_interval_s, publish_budget) as owner):
+    with (
+        EmbeddedRedis() as server,
+        _Listener(server.url),
+        _FreeModel(served.runner, free_model),
+        _OwnerLoop(served, server.url, publish_interval_s, publish_budget) as owner,
+    ):
         contenders: dict[str, Callable] = {"generate": _generate_loop(served), "owner": owner.run_request}
         for run in contenders.values():  # warm-up, not counted
             run(prompts[0], params)
@@ -125,11 +151,21 @@ def run_owner_bench(model: str | None, requests: int, max_tokens: int, publish_i
     rows = {name: _summary(values, max_tokens) for name, values in samples.items()}
     paired = [generate[0] / owner[0] for generate, owner in zip(samples["generate"], samples["owner"], strict=True)]
     return {
-        "benchmark": "owner", "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(),
-        "settings": {"model": served.name, "dtype": dtype, "threads": threads or "torch default",
-                     "requests": requests, "max_tokens": max_tokens, "free_model": free_model,
-                     "publish_interval_ms": round(publish_interval_s * 1000, 3), "publish_budget": publish_budget},
-        "contenders": rows, "paired_ratio": median_with_interval(paired),
+        "benchmark": "owner",
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine_info(),
+        "settings": {
+            "model": served.name,
+            "dtype": dtype,
+            "threads": threads or "torch default",
+            "requests": requests,
+            "max_tokens": max_tokens,
+            "free_model": free_model,
+            "publish_interval_ms": round(publish_interval_s * 1000, 3),
+            "publish_budget": publish_budget,
+        },
+        "contenders": rows,
+        "paired_ratio": median_with_interval(paired),
     }
 
 
@@ -139,35 +175,56 @@ def _summary(samples: list[tuple[float, float, float]], max_tokens: int) -> dict
     def per_token_us(values) -> float:
         return round(statistics.median(value / max_tokens for value in values) * 1e6, 1)
 
-    return {"requests": len(samples),
-            "wall_us_per_token": per_token_us(wall for wall, _, _ in samples),
-            "model_us_per_token": per_token_us(model for _, model, _ in samples),
-            "non_model_us_per_token": per_token_us(wall - model for wall, model, _ in samples),
-            "cpu_us_per_token": per_token_us(cpu for _, _, cpu in samples)}
+    return {
+        "requests": len(samples),
+        "wall_us_per_token": per_token_us(wall for wall, _, _ in samples),
+        "model_us_per_token": per_token_us(model for _, model, _ in samples),
+        "non_model_us_per_token": per_token_us(wall - model for wall, model, _ in samples),
+        "cpu_us_per_token": per_token_us(cpu for _, _, cpu in samples),
+    }
 
 
 def owner_markdown(report: dict) -> str:
     settings = report["settings"]
-    rows = [[name, str(row["requests"]), f"{row['wall_us_per_token']:.1f}", f"{row['model_us_per_token']:.1f}",
-             f"{row['non_model_us_per_token']:.1f}", f"{row['cpu_us_per_token']:.1f}"]
-            for name, row in report["contenders"].items()]
+    rows = [
+        [
+            name,
+            str(row["requests"]),
+            f"{row['wall_us_per_token']:.1f}",
+            f"{row['model_us_per_token']:.1f}",
+            f"{row['non_model_us_per_token']:.1f}",
+            f"{row['cpu_us_per_token']:.1f}",
+        ]
+        for name, row in report["contenders"].items()
+    ]
     paired = report["paired_ratio"]
-    return "\n".join([
-        f"# arbor bench owner — {report['timestamp']}", "",
-        f"Model {settings['model']}, {settings['dtype']}, {settings['max_tokens']} tokens per request (EOS ignored), "
-        f"greedy, torch threads: {settings['threads']}, publish interval {settings['publish_interval_ms']:g} ms "
-        f"(budget {settings.get('publish_budget', 0):g}); "
-        f"the two loops alternate request by request."
-        + (" **Free model**: the decode step costs nothing; what is left is each loop's own work."
-           if settings["free_model"] else ""), "",
-        markdown_table(["loop", "requests", "wall µs/token", "model µs/token", "rest µs/token", "CPU µs/token"],
-                       rows), "",
-        f"Generate's wall time per token over the owner's, request by request: median **{paired['median']:.3f}**, "
-        f"95% interval of the median {paired['ci95'][0]:.3f}-{paired['ci95'][1]:.3f} ({paired['pairs']} pairs). "
-        "The gateway path cannot beat this against in-process generate: the gateway, Redis and the client "
-        "only add to it. Medians in µs per token; the model's time is the runner's own clock, the CPU time "
-        "the loop's thread's.", "",
-    ])
+    return "\n".join(
+        [
+            f"# arbor bench owner — {report['timestamp']}",
+            "",
+            f"Model {settings['model']}, {settings['dtype']}, "
+            f"{settings['max_tokens']} tokens per request (EOS ignored), "
+            f"greedy, torch threads: {settings['threads']}, publish interval {settings['publish_interval_ms']:g} ms "
+            f"(budget {settings.get('publish_budget', 0):g}); "
+            f"the two loops alternate request by request."
+            + (
+                " **Free model**: the decode step costs nothing; what is left is each loop's own work."
+                if settings["free_model"]
+                else ""
+            ),
+            "",
+            markdown_table(
+                ["loop", "requests", "wall µs/token", "model µs/token", "rest µs/token", "CPU µs/token"], rows
+            ),
+            "",
+            f"Generate's wall time per token over the owner's, request by request: median **{paired['median']:.3f}**, "
+            f"95% interval of the median {paired['ci95'][0]:.3f}-{paired['ci95'][1]:.3f} ({paired['pairs']} pairs). "
+            "The gateway path cannot beat this against in-process generate: the gateway, Redis and the client "
+            "only add to it. Medians in µs per token; the model's time is the runner's own clock, the CPU time "
+            "the loop's thread's.",
+            "",
+        ]
+    )
 
 
 def _generate_loop(served) -> Callable[[list[int], SamplingParams], tuple[float, float, float]]:
@@ -219,9 +276,16 @@ class _OwnerLoop:
         self._redis.xgroup_create(STREAM, keys.CONSUMER_GROUP, "0", mkstream=True)
         self._done = threading.Event()
         self._fenced: str | None = None
-        publisher = Publisher(redis.ConnectionPool.from_url(url), WORKER_ID, STREAM, reply_timeout_s=5.0,
-                              on_lost=self._lost, on_done=lambda ref: self._done.set(),
-                              publish_interval_s=publish_interval_s, publish_budget=publish_budget)
+        publisher = Publisher(
+            redis.ConnectionPool.from_url(url),
+            WORKER_ID,
+            STREAM,
+            reply_timeout_s=5.0,
+            on_lost=self._lost,
+            on_done=lambda ref: self._done.set(),
+            publish_interval_s=publish_interval_s,
+            publish_budget=publish_budget,
+        )
         self.capacity = Capacity(max_lanes=1)
         config = OwnerConfig(WORKER_ID, "none", 1, max_kv_bytes=1 << 40, max_prefill_chunk=MAX_PREFILL_CHUNK)
         self.owner = Owner(ModelStepper(served.runner), served.tokenizer, config, self.capacity, publisher)
@@ -266,8 +330,19 @@ class _OwnerLoop:
         ((_, [(entry_id, _)]),) = self._redis.xreadgroup(keys.CONSUMER_GROUP, WORKER_ID, {STREAM: ">"}, count=1)
         entry_id = entry_id.decode()
         now = time.time()
-        spec = JobSpec(request_id, entry_id, 1, "chat", now, now + 600, prompt, params, 1, OutputOptions(),
-                       JobState(worker=WORKER_ID, attempt=1))
+        spec = JobSpec(
+            request_id,
+            entry_id,
+            1,
+            "chat",
+            now,
+            now + 600,
+            prompt,
+            params,
+            1,
+            OutputOptions(),
+            JobState(worker=WORKER_ID, attempt=1),
+        )
         self._done.clear()
         self.capacity.hold(1)
         started, cpu_started = time.perf_counter(), time.clock_gettime(self._cpu_clock)

@@ -37,5 +37,7 @@ def is_quiet(pair: dict) -> bool:
 def rate_ratio(pairs: list[dict]) -> float | None:
     """Gateway tokens/s over in-process tokens/s, all tokens over all time: a pair's two requests
     have the same token count, so it is the in-process seconds over the gateway's."""
-    both = [(pair["gateway_e2e_s"], pair["local_e2e_s"]) for pair in pairs if pair["gateway_e2e_s"] and pair["local_e2e_s"]]
+    both = [
+        (pair["gateway_e2e_s"], pair["local_e2e_s"]) for pair in pairs if pair["gateway_e2e_s"] and pair["local_e2e_s"]
+    ]
     return sum(local_s for _, local_s in both) / sum(gateway_s for gateway_s, _ in both) if both else None

@@ -24,8 +24,10 @@ def decode_figure(report: dict, path: Path) -> None:
     forwards.invert_yaxis()
     forwards.set_yticklabels([])
     settings = report["settings"]
-    figure.suptitle(f"{settings['model']}: {settings['num_prompts']} prompts × {settings['max_tokens']} tokens, "
-                    f"temperature {settings['temperature']}, {settings['threads']} threads (side by side)")
+    figure.suptitle(
+        f"{settings['model']}: {settings['num_prompts']} prompts × {settings['max_tokens']} tokens, "
+        f"temperature {settings['temperature']}, {settings['threads']} threads (side by side)"
+    )
     figure.savefig(path, dpi=110)
 
 
@@ -39,8 +41,10 @@ def serving_figure(report: dict, path: Path) -> None:
     _latency_panel(e2e, concurrency, levels, "e2e_ms", "end to end (ms)")
     _throughput_panel(throughput, concurrency, levels)
     _scaling_panel(scaling, report.get("scaling") or [])
-    figure.suptitle(f"{report['settings']['model']}, speculation {report['settings']['speculation']}, "
-                    f"{report['settings']['max_tokens']} tokens per request")
+    figure.suptitle(
+        f"{report['settings']['model']}, speculation {report['settings']['speculation']}, "
+        f"{report['settings']['max_tokens']} tokens per request"
+    )
     figure.savefig(path, dpi=110)
 
 
@@ -55,8 +59,10 @@ def _latency_panel(axes, concurrency: list[int], levels: list[dict], key: str, l
 
 def _throughput_panel(axes, concurrency: list[int], levels: list[dict]) -> None:
     requests = axes.twinx()
-    for panel, key, style, color, label in ((axes, "output_tokens_per_s", "o-", "tab:blue", "output tokens/s"),
-                                            (requests, "requests_per_s", "s--", "tab:red", "requests/s")):
+    for panel, key, style, color, label in (
+        (axes, "output_tokens_per_s", "o-", "tab:blue", "output tokens/s"),
+        (requests, "requests_per_s", "s--", "tab:red", "requests/s"),
+    ):
         values = [_nan(level[key]) for level in levels]
         panel.plot(concurrency, values, style, color=color)
         panel.set_ylabel(label, color=color)

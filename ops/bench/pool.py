@@ -34,8 +34,9 @@ def load_pairs(path: Path) -> list[dict]:
         raise ValueError(f"{file}: not a readable serving report ({error})") from None
     pairs = (report.get("comparison") or {}).get("pairs")
     if not pairs:
-        raise ValueError(f"{file}: no gateway/in-process pairs (run with --compare-requests N, "
-                         f"from a version that records them)")
+        raise ValueError(
+            f"{file}: no gateway/in-process pairs (run with --compare-requests N, from a version that records them)"
+        )
     return pairs
 
 
@@ -43,20 +44,37 @@ def pool_markdown(runs: list[tuple[str, list[dict]]]) -> str:
     def row(name: str, pairs: list[dict], quiet_only: bool = False) -> list[str]:
         kept = [pair for pair in pairs if not quiet_only or is_quiet(pair)]
         rate = rate_ratio(kept)
-        return [name, str(len(kept)), "—" if rate is None else f"{rate:.3f}",
-                *(_cell(pooled(kept, kind)) for kind, _ in RATIOS)]
+        return [
+            name,
+            str(len(kept)),
+            "—" if rate is None else f"{rate:.3f}",
+            *(_cell(pooled(kept, kind)) for kind, _ in RATIOS),
+        ]
 
     everything = [pair for _, pairs in runs for pair in pairs]
     rows = [row(name, pairs) for name, pairs in runs]
-    rows += [row(f"**pooled, {len(runs)} runs**", everything),
-             row(f"pooled, quiet pairs (others < {QUIET_CORES:g} core)", everything, quiet_only=True)]
-    headers = ["run", "pairs", "tokens/s ratio, end to end",
-               *(f"paired ratio {what} (95% interval)" for _, what in RATIOS)]
-    return "\n".join(["# Gateway + Redis vs in-process generate, pooled pair by pair", "",
-                      markdown_table(headers, rows), "",
-                      "Tokens/s ratio: all gateway tokens over all gateway time, against the same for in-process "
-                      "generate. Each pair: in-process time over gateway time, same prompt, run back to back; "
-                      "medians with a 95% bootstrap interval of the median.", ""])
+    rows += [
+        row(f"**pooled, {len(runs)} runs**", everything),
+        row(f"pooled, quiet pairs (others < {QUIET_CORES:g} core)", everything, quiet_only=True),
+    ]
+    headers = [
+        "run",
+        "pairs",
+        "tokens/s ratio, end to end",
+        *(f"paired ratio {what} (95% interval)" for _, what in RATIOS),
+    ]
+    return "\n".join(
+        [
+            "# Gateway + Redis vs in-process generate, pooled pair by pair",
+            "",
+            markdown_table(headers, rows),
+            "",
+            "Tokens/s ratio: all gateway tokens over all gateway time, against the same for in-process "
+            "generate. Each pair: in-process time over gateway time, same prompt, run back to back; "
+            "medians with a 95% bootstrap interval of the median.",
+            "",
+        ]
+    )
 
 
 def _cell(summary: dict | None) -> str:

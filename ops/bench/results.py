@@ -14,9 +14,11 @@ from pathlib import Path
 
 RESULTS_ROOT = Path("bench-results")
 BOOTSTRAP_RESAMPLES = 2000  # for a median's interval
-SIDE_BY_SIDE_NOTE = ("contenders are interleaved in one run (each prompt or request goes to every contender in "
-                     "turn), so load from other jobs on the machine hits them alike: trust the ratios more than "
-                     "the absolute rates")
+SIDE_BY_SIDE_NOTE = (
+    "contenders are interleaved in one run (each prompt or request goes to every contender in "
+    "turn), so load from other jobs on the machine hits them alike: trust the ratios more than "
+    "the absolute rates"
+)
 
 
 def results_dir(out: str | Path | None) -> Path:
@@ -61,8 +63,11 @@ def median_with_interval(values: Sequence[float]) -> dict | None:
     values = sorted(values)  # the interval then depends on the values only, not on their order
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP_RESAMPLES))
-    return {"median": round(statistics.median(values), 4), "pairs": len(values),
-            "ci95": [round(medians[int(0.025 * len(medians))], 4), round(medians[int(0.975 * len(medians)) - 1], 4)]}
+    return {
+        "median": round(statistics.median(values), 4),
+        "pairs": len(values),
+        "ci95": [round(medians[int(0.025 * len(medians))], 4), round(medians[int(0.975 * len(medians)) - 1], 4)],
+    }
 
 
 def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
@@ -80,7 +85,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
-    """"1,4,16" -> [1, 4, 16]; ValueError naming the flag for anything else."""
+    """ "1,4,16" -> [1, 4, 16]; ValueError naming the flag for anything else."""
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:

@@ -23,11 +23,18 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
-from ops.bench.plots import serving_figure
 from ops.bench.machine_load import OtherLoad
 from ops.bench.pairs import QUIET_CORES, is_quiet, pooled
-from ops.bench.results import (SIDE_BY_SIDE_NOTE, machine_info, parse_int_list, percentile, ratio, results_dir,
-                                write_json)
+from ops.bench.plots import serving_figure
+from ops.bench.results import (
+    SIDE_BY_SIDE_NOTE,
+    machine_info,
+    parse_int_list,
+    percentile,
+    ratio,
+    results_dir,
+    write_json,
+)
 from ops.bench.serving_report import serving_markdown
 from ops.bench.stack import Stack, raise_keyboard_interrupt_on_sigterm
 from ops.training.prompts import HELD_OUT
@@ -66,12 +73,26 @@ def run_serving_command(args: argparse.Namespace) -> int:
 
 def config_from_args(args: argparse.Namespace) -> ServingConfig:
     if args.max_tokens < 1 or args.compare_requests < 0 or (args.requests_per_level or 1) < 1:
-        raise ValueError(f"--max-tokens={args.max_tokens} and --requests-per-level={args.requests_per_level} must "
-                         f"be at least 1, --compare-requests={args.compare_requests} at least 0")
-    return ServingConfig(parse_int_list(args.workers, "--workers"), parse_int_list(args.concurrency, "--concurrency"),
-                         args.requests_per_level, args.max_tokens, args.temperature, args.model, args.speculation,
-                         args.draft, args.compare_requests, args.worker_threads, args.dtype,
-                         args.ready_timeout, args.level_timeout, args.out)
+        raise ValueError(
+            f"--max-tokens={args.max_tokens} and --requests-per-level={args.requests_per_level} must "
+            f"be at least 1, --compare-requests={args.compare_requests} at least 0"
+        )
+    return ServingConfig(
+        parse_int_list(args.workers, "--workers"),
+        parse_int_list(args.concurrency, "--concurrency"),
+        args.requests_per_level,
+        args.max_tokens,
+        args.temperature,
+        args.model,
+        args.speculation,
+        args.draft,
+        args.compare_requests,
+        args.worker_threads,
+        args.dtype,
+        args.ready_timeout,
+        args.level_timeout,
+        args.out,
+    )
 
 
 def run_serving(config: ServingConfig) -> tuple[dict, Path]:
@@ -79,8 +100,15 @@ def run_serving(config: ServingConfig) -> tuple[dict, Path]:
     machine = machine_info()
     previous_handler = signal.getsignal(signal.SIGTERM)
     raise_keyboard_interrupt_on_sigterm()
-    stack = Stack(folder, config.model, config.speculation, config.draft, config.dtype, config.worker_threads,
-                  config.ready_timeout_s)
+    stack = Stack(
+        folder,
+        config.model,
+        config.speculation,
+        config.draft,
+        config.dtype,
+        config.worker_threads,
+        config.ready_timeout_s,
+    )
     try:
         with stack, tqdm(total=_total_requests(config), desc="bench serving", unit="req", file=sys.stderr) as bar:
             bar.set_postfix_str(f"starting Redis, the gateway and {config.worker_counts[0]} worker(s)")
@@ -101,20 +129,27 @@ def run_serving(config: ServingConfig) -> tuple[dict, Path]:
 def _total_requests(config: ServingConfig) -> int:
     top = max(config.concurrency)
     scaling_runs = len(config.worker_counts) if len(config.worker_counts) > 1 else 0
-    return (2 * config.compare_requests + sum(config.num_requests(c) for c in config.concurrency)
-            + scaling_runs * config.num_requests(top))
+    return (
+        2 * config.compare_requests
+        + sum(config.num_requests(c) for c in config.concurrency)
+        + scaling_runs * config.num_requests(top)
+    )
 
 
 def _bodies(model_name: str, config: ServingConfig, count: int) -> list[dict]:
-    return [chat_body(model_name, HELD_OUT[i % len(HELD_OUT)], config.max_tokens, config.temperature)
-            for i in range(count)]
+    return [
+        chat_body(model_name, HELD_OUT[i % len(HELD_OUT)], config.max_tokens, config.temperature) for i in range(count)
+    ]
 
 
 def _level(stack: Stack, config: ServingConfig, concurrency: int, bar: tqdm) -> dict:
     bar.set_postfix_str(f"{len(stack.workers)} worker(s), {concurrency} client(s)")
     bodies = _bodies(stack.model_name, config, config.num_requests(concurrency))
-    level = asyncio.run(run_level(stack.base_url, bodies, concurrency, config.level_timeout_s,
-                                  config.level_timeout_s, lambda _: bar.update()))
+    level = asyncio.run(
+        run_level(
+            stack.base_url, bodies, concurrency, config.level_timeout_s, config.level_timeout_s, lambda _: bar.update()
+        )
+    )
     return {"workers": len(stack.workers), **level}
 
 
@@ -147,8 +182,10 @@ def _warm_up(stack: Stack, config: ServingConfig) -> None:
 
     Best effort for new workers: pulling is first come, first served, so one may take them all.
     """
-    bodies = [chat_body(stack.model_name, HELD_OUT[0], min(WARMUP_TOKENS, config.max_tokens), config.temperature)
-              for _ in range(2 * len(stack.workers))]
+    bodies = [
+        chat_body(stack.model_name, HELD_OUT[0], min(WARMUP_TOKENS, config.max_tokens), config.temperature)
+        for _ in range(2 * len(stack.workers))
+    ]
     asyncio.run(run_level(stack.base_url, bodies, len(bodies), config.level_timeout_s, config.level_timeout_s))
 
 
@@ -160,8 +197,9 @@ def compare_in_process(stack: Stack, config: ServingConfig, bar: tqdm) -> dict:
 
     bar.set_postfix_str("loading the model in process")
     options = DraftOptions(draft=Path(config.draft) if config.draft else None)
-    served = load_serving_model(config.model, config.speculation, options, config.dtype,
-                                num_threads=config.worker_threads)
+    served = load_serving_model(
+        config.model, config.speculation, options, config.dtype, num_threads=config.worker_threads
+    )
     in_process_request(served, encode_prompt, HELD_OUT[0], config, min(WARMUP_TOKENS, config.max_tokens))
     bodies = _bodies(stack.model_name, config, config.compare_requests)
     bar.set_postfix_str("gateway vs in-process, 1 client")
@@ -194,8 +232,9 @@ async def _alternate(stack: Stack, served, encode_prompt, bodies: list[dict], co
     return gateway, local, other_cores
 
 
-def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig,
-                       max_tokens: int | None = None) -> RequestRecord:
+def in_process_request(
+    served, encode_prompt, prompt: str, config: ServingConfig, max_tokens: int | None = None
+) -> RequestRecord:
     """`generate`'s loop with the client's clocks: TTFT at the first text, gaps between texts."""
     from shared.sampling import SamplingParams
     from worker.engine.generate import PREFILL_CHUNK
@@ -204,8 +243,7 @@ def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig
     record = RequestRecord()
     started = time.perf_counter()
     prompt_ids = encode_prompt(served, prompt)
-    params = SamplingParams(max_tokens=max_tokens or config.max_tokens, temperature=config.temperature,
-                            ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens or config.max_tokens, temperature=config.temperature, ignore_eos=True)
     sequence = served.runner.start("bench", prompt_ids, params)
     text_output = TextOutput(served.tokenizer, params.stop, prompt_ids)
     while sequence.num_to_prefill > 0:
@@ -218,8 +256,9 @@ def in_process_request(served, encode_prompt, prompt: str, config: ServingConfig
     return record
 
 
-def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord],
-                       other_cores: list[float | None] | None = None) -> dict:
+def comparison_summary(
+    gateway: list[RequestRecord], local: list[RequestRecord], other_cores: list[float | None] | None = None
+) -> dict:
     """Tokens/s over end-to-end time (TTFT included: the issue-6 figure), the same after the first
     text (the streaming rate, TTFT left to its own figure), and the TTFT p50 the gateway adds; both
     rates also request by request (`ops.bench.pairs`), over all pairs and over the quiet ones:
@@ -231,16 +270,19 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord],
     measured = [pair["other_cores"] for pair in pairs if pair["other_cores"] is not None]
     quiet = [pair for pair in pairs if is_quiet(pair)]
     return {
-        **paths, "requests": len(gateway),
+        **paths,
+        "requests": len(gateway),
         "tokens_per_s_ratio": ratio(paths["gateway"]["tokens_per_s"], paths["in_process"]["tokens_per_s"]),
-        "decode_tokens_per_s_ratio": ratio(paths["gateway"]["decode_tokens_per_s"],
-                                           paths["in_process"]["decode_tokens_per_s"]),
+        "decode_tokens_per_s_ratio": ratio(
+            paths["gateway"]["decode_tokens_per_s"], paths["in_process"]["decode_tokens_per_s"]
+        ),
         "added_ttft_p50_ms": None if None in ttft else round(ttft[0] - ttft[1], 2),
         "paired_ratio": pooled(pairs, "e2e"),
         "paired_decode_ratio": pooled(pairs, "tpot"),
         "other_load": {
             "quiet_below_cores": QUIET_CORES,
-            "cores_p50": _rounded(percentile(measured, 50)), "cores_p90": _rounded(percentile(measured, 90)),
+            "cores_p50": _rounded(percentile(measured, 50)),
+            "cores_p90": _rounded(percentile(measured, 90)),
             "paired_ratio_quiet": pooled(quiet, "e2e") if measured else None,
             "paired_decode_ratio_quiet": pooled(quiet, "tpot") if measured else None,
         },
@@ -250,13 +292,20 @@ def comparison_summary(gateway: list[RequestRecord], local: list[RequestRecord],
 
 def _pairs(gateway: list[RequestRecord], local: list[RequestRecord], other_cores: list[float | None]) -> list[dict]:
     """Each pair's seconds and the others' cores: runs can then be pooled pair by pair."""
+
     def seconds(value: float | None) -> float | None:
         return None if value is None else round(value, 6)
 
-    return [{"gateway_e2e_s": seconds(g.e2e_s) if g.ok else None, "gateway_tpot_s": seconds(g.tpot_s) if g.ok else None,
-             "local_e2e_s": seconds(l.e2e_s) if l.ok else None, "local_tpot_s": seconds(l.tpot_s) if l.ok else None,
-             "other_cores": _rounded(cores)}
-            for g, l, cores in zip(gateway, local, other_cores, strict=True)]
+    return [
+        {
+            "gateway_e2e_s": seconds(g.e2e_s) if g.ok else None,
+            "gateway_tpot_s": seconds(g.tpot_s) if g.ok else None,
+            "local_e2e_s": seconds(loc.e2e_s) if loc.ok else None,
+            "local_tpot_s": seconds(loc.tpot_s) if loc.ok else None,
+            "other_cores": _rounded(cores),
+        }
+        for g, loc, cores in zip(gateway, local, other_cores, strict=True)
+    ]
 
 
 def _rounded(value: float | None) -> float | None:
@@ -267,34 +316,54 @@ def _path_summary(records: list[RequestRecord]) -> dict:
     ok = [record for record in records if record.ok]
     streamed = [r for r in ok if r.ttft_s is not None and r.completion_tokens > 1]
     return {
-        "ok": len(ok), "errors": len(records) - len(ok),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
         "tokens_per_s": ratio(sum(r.completion_tokens for r in ok), sum(r.e2e_s for r in ok)),
-        "decode_tokens_per_s": ratio(sum(r.completion_tokens - 1 for r in streamed),
-                                     sum(r.e2e_s - r.ttft_s for r in streamed)),
+        "decode_tokens_per_s": ratio(
+            sum(r.completion_tokens - 1 for r in streamed), sum(r.e2e_s - r.ttft_s for r in streamed)
+        ),
         "ttft_ms": latency_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
         "e2e_ms": latency_ms([r.e2e_s for r in ok]),
     }
 
 
-def build_report(config: ServingConfig, model_name: str, machine: dict, sweep: list[dict], comparison: dict | None,
-                 scaling: list[dict]) -> dict:
+def build_report(
+    config: ServingConfig,
+    model_name: str,
+    machine: dict,
+    sweep: list[dict],
+    comparison: dict | None,
+    scaling: list[dict],
+) -> dict:
     errors = sum(level["errors"] for level in sweep + scaling[1:])
     errors += (comparison["gateway"]["errors"] + comparison["in_process"]["errors"]) if comparison else 0
     return {
-        "benchmark": "serving", "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine,
+        "benchmark": "serving",
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine,
         "settings": {
-            "model": model_name, "speculation": config.speculation, "dtype": config.dtype,
-            "worker_counts": config.worker_counts, "concurrency": config.concurrency,
+            "model": model_name,
+            "speculation": config.speculation,
+            "dtype": config.dtype,
+            "worker_counts": config.worker_counts,
+            "concurrency": config.concurrency,
             "requests_per_level": {c: config.num_requests(c) for c in config.concurrency},
-            "max_tokens": config.max_tokens, "temperature": config.temperature,
-            "max_lanes_per_worker": WorkerSettings().max_lanes, "prefill_cache": "off",
+            "max_tokens": config.max_tokens,
+            "temperature": config.temperature,
+            "max_lanes_per_worker": WorkerSettings().max_lanes,
+            "prefill_cache": "off",
             "stream_interval": WorkerSettings().stream_interval,  # the workers inherit the environment
             "publish_interval_ms": WorkerSettings().publish_interval_ms,
             "publish_budget": WorkerSettings().publish_budget,
-            "worker_threads": config.worker_threads or "torch default", "compare_requests": config.compare_requests,
+            "worker_threads": config.worker_threads or "torch default",
+            "compare_requests": config.compare_requests,
         },
-        "note": SIDE_BY_SIDE_NOTE, "sweep": sweep, "comparison": comparison, "scaling": scaling,
-        "scaling_speedup": scaling_speedup(scaling), "total_errors": errors,
+        "note": SIDE_BY_SIDE_NOTE,
+        "sweep": sweep,
+        "comparison": comparison,
+        "scaling": scaling,
+        "scaling_speedup": scaling_speedup(scaling),
+        "total_errors": errors,
     }
 
 

@@ -31,12 +31,25 @@ class StackError(RuntimeError):
 
 
 class Stack:
-    def __init__(self, log_dir: Path, model: str | None, speculation: str, draft: str | None, dtype: str,
-                 worker_threads: int | None, ready_timeout_s: float) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        model: str | None,
+        speculation: str,
+        draft: str | None,
+        dtype: str,
+        worker_threads: int | None,
+        ready_timeout_s: float,
+    ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
-        self._worker_argv = ["worker", "--speculation", speculation,
-                             "--prefill-cache-bytes", "0"]  # repeated prompts must not become cache hits
+        self._worker_argv = [
+            "worker",
+            "--speculation",
+            speculation,
+            "--prefill-cache-bytes",
+            "0",
+        ]  # repeated prompts must not become cache hits
         self._worker_argv += ["--model", model] if model else []
         self._worker_argv += ["--draft", draft] if draft else []
         self._dtype = dtype
@@ -63,7 +76,7 @@ class Stack:
 
     def remove_workers(self, count: int) -> None:
         """SIGTERM drains the newest workers; their heartbeats go with them."""
-        leaving, self.workers = self.workers[len(self.workers) - count:], self.workers[: len(self.workers) - count]
+        leaving, self.workers = self.workers[len(self.workers) - count :], self.workers[: len(self.workers) - count]
         stop_all(leaving)
 
     def pids(self) -> list[int]:
@@ -93,8 +106,13 @@ class Stack:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self._worker_threads)
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen([sys.executable, "-m", "ops.cli", *argv], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", *argv],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self._logs[process.pid] = log_path
         return process
 
@@ -105,8 +123,9 @@ class Stack:
             if self.ready_workers() >= num_workers:
                 return
             time.sleep(POLL_S)
-        raise StackError(f"{num_workers} worker(s) not ready after {self._ready_timeout_s:.0f} s "
-                         f"(logs in {self.log_dir})")
+        raise StackError(
+            f"{num_workers} worker(s) not ready after {self._ready_timeout_s:.0f} s (logs in {self.log_dir})"
+        )
 
     def ready_workers(self) -> int:
         try:
@@ -134,6 +153,7 @@ def _free_loopback_port() -> int:
 
 def raise_keyboard_interrupt_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, through the `finally` that stops the stack."""
+
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 

@@ -25,8 +25,9 @@ class CapturedSequence:
     target_next: torch.Tensor  # [T] int64: target's argmax after position t
 
 
-def self_distilled_sequences(served, conversations: list[list[dict]], max_new_tokens: int,
-                             batch_size: int, temperature: float, seed: int) -> list[list[int]]:
+def self_distilled_sequences(
+    served, conversations: list[list[dict]], max_new_tokens: int, batch_size: int, temperature: float, seed: int
+) -> list[list[int]]:
     """Prompt + the target's own answer, for each conversation (batched, left-padded)."""
     import transformers
 
@@ -46,9 +47,17 @@ def self_distilled_sequences(served, conversations: list[list[dict]], max_new_to
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
-            out = model.generate(input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                                 do_sample=temperature > 0, temperature=temperature or None, top_p=None,
-                                 top_k=None, pad_token_id=pad, eos_token_id=eos_ids)
+            out = model.generate(
+                input_ids,
+                attention_mask=attention,
+                max_new_tokens=max_new_tokens,
+                do_sample=temperature > 0,
+                temperature=temperature or None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=pad,
+                eos_token_id=eos_ids,
+            )
         for prompt, row in zip(batch, out[:, width:].tolist()):
             answer = row[: row.index(pad) + 1] if pad in row else row
             sequences.append(prompt + answer)
@@ -76,6 +85,7 @@ def capture(served, sequences: list[list[int]], layers: tuple[int, ...] = ()) ->
         cache = decoder.new_cache(len(ids))
         out = decoder(torch.tensor(ids), torch.arange(len(ids)), cache, hidden_layers=layers, want_final_hidden=True)
         layer_hidden = torch.cat([out.hidden[i] for i in layers], dim=-1).bfloat16() if layers else None
-        captured.append(CapturedSequence(torch.tensor(ids), out.final_hidden.bfloat16(), layer_hidden,
-                                         out.logits.argmax(dim=-1)))
+        captured.append(
+            CapturedSequence(torch.tensor(ids), out.final_hidden.bfloat16(), layer_hidden, out.logits.argmax(dim=-1))
+        )
     return captured

@@ -1,7 +1,7 @@
 """Loss and held-out acceptance curves of a drafter training run, as PNG files.
 
-    python -m ops.training.plots .cache/train-mtp docs/drafters mtp
-    python -m ops.training.plots .cache/train-dflash docs/drafters dflash
+python -m ops.training.plots .cache/train-mtp docs/drafters mtp
+python -m ops.training.plots .cache/train-dflash docs/drafters dflash
 """
 
 from __future__ import annotations

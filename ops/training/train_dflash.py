@@ -48,8 +48,9 @@ class DFlashTrainConfig:
 
 def draft_config(target: ModelConfig, config: DFlashTrainConfig) -> ModelConfig:
     """The drafter's sizes: the target's layers (Qwen3-style, q/k norms), `num_layers` of them."""
-    return dataclasses.replace(target, model_type="qwen3", num_hidden_layers=config.num_layers,
-                               qk_norm=True, attention_bias=False)
+    return dataclasses.replace(
+        target, model_type="qwen3", num_hidden_layers=config.num_layers, qk_norm=True, attention_bias=False
+    )
 
 
 def init_model(served, config: DFlashTrainConfig) -> DFlashModel:
@@ -57,7 +58,7 @@ def init_model(served, config: DFlashTrainConfig) -> DFlashModel:
     target layers it reads, so the first context vectors already look like hidden states."""
     decoder = served.loaded.decoder
     model = DFlashModel(draft_config(decoder.config, config), len(config.target_layer_ids))
-    target_layers = decoder.model.layers[-config.num_layers:]
+    target_layers = decoder.model.layers[-config.num_layers :]
     for layer, source in zip(model.layers, target_layers):
         missing, unexpected = layer.load_state_dict(source.state_dict(), strict=False)
         assert not unexpected and all("norm" in name for name in missing), (missing, unexpected)
@@ -68,8 +69,15 @@ def init_model(served, config: DFlashTrainConfig) -> DFlashModel:
     return model.float().train()
 
 
-def block_hidden(model: DFlashModel, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
-                 anchors: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
+def block_hidden(
+    model: DFlashModel,
+    served,
+    rotary: RotaryEmbedding,
+    sequence: CapturedSequence,
+    anchors: torch.Tensor,
+    block_size: int,
+    mask_token_id: int,
+) -> torch.Tensor:
     """The drafter's normed outputs [A, B-1, hidden] for the blocks rooted at `anchors`, all at once."""
     decoder = served.loaded.decoder
     num_blocks, total = anchors.shape[0], sequence.token_ids.shape[0]
@@ -95,9 +103,18 @@ def block_hidden(model: DFlashModel, served, rotary: RotaryEmbedding, sequence: 
     return model.norm(x.view(num_blocks, block_size, -1)[:, 1:])
 
 
-def block_losses(model: DFlashModel, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
-                 vocab: torch.Tensor, vocab_index: torch.Tensor, config: DFlashTrainConfig, mask_token_id: int,
-                 rng: random.Random, stats: dict | None = None) -> torch.Tensor | None:
+def block_losses(
+    model: DFlashModel,
+    served,
+    rotary: RotaryEmbedding,
+    sequence: CapturedSequence,
+    vocab: torch.Tensor,
+    vocab_index: torch.Tensor,
+    config: DFlashTrainConfig,
+    mask_token_id: int,
+    rng: random.Random,
+    stats: dict | None = None,
+) -> torch.Tensor | None:
     """The weighted block loss of random anchors of one sequence (None if it is too short)."""
     size = config.block_size
     candidates = range(1, sequence.token_ids.shape[0] - size + 1)  # context before, a full block after
@@ -133,9 +150,19 @@ def make_optimizer(model: DFlashModel, config: DFlashTrainConfig) -> torch.optim
     return updates.make_optimizer(model, config.lr, config.weight_decay)
 
 
-def train_updates(model: DFlashModel, served, data: list[CapturedSequence], vocab: torch.Tensor,
-                  optimizer: torch.optim.Optimizer, config: DFlashTrainConfig, mask_token_id: int,
-                  start_update: int, stop_update: int, total_updates: int, progress) -> list[float]:
+def train_updates(
+    model: DFlashModel,
+    served,
+    data: list[CapturedSequence],
+    vocab: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    config: DFlashTrainConfig,
+    mask_token_id: int,
+    start_update: int,
+    stop_update: int,
+    total_updates: int,
+    progress,
+) -> list[float]:
     """Run updates [start_update, stop_update) of a cosine schedule over total_updates; the loss of each."""
     decoder_config = served.loaded.decoder.config
     rotary = RotaryEmbedding(decoder_config, torch.float32)
@@ -144,5 +171,15 @@ def train_updates(model: DFlashModel, served, data: list[CapturedSequence], voca
     def sequence_loss(sequence: CapturedSequence, rng: random.Random) -> torch.Tensor | None:
         return block_losses(model, served, rotary, sequence, vocab, vocab_index, config, mask_token_id, rng)
 
-    return updates.run_updates(model, optimizer, data, sequence_loss, config.lr, config.sequences_per_update,
-                               start_update, stop_update, total_updates, progress)
+    return updates.run_updates(
+        model,
+        optimizer,
+        data,
+        sequence_loss,
+        config.lr,
+        config.sequences_per_update,
+        start_update,
+        stop_update,
+        total_updates,
+        progress,
+    )

@@ -24,13 +24,21 @@ def add_train_parser(subparsers) -> None:
     parser = subparsers.add_parser("train-drafter", help="train a drafter for the default model (CPU is fine)")
     parser.add_argument("--kind", choices=["mtp", "dflash"], default="mtp")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default .cache/train-KIND)")
-    parser.add_argument("--data-dir", type=Path, default=Path(".cache/train-data"),
-                        help="where the self-distilled token sequences are cached (shared by both kinds)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".cache/train-data"),
+        help="where the self-distilled token sequences are cached (shared by both kinds)",
+    )
     parser.add_argument("--num-prompts", type=int, default=400, help="training conversations answered by the target")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--stdlib-sequences", type=int, default=200, help="teacher-forced stdlib windows")
-    parser.add_argument("--max-sequences", type=int, default=None,
-                        help="capture only this many of the sequences (a reproducible random subset)")
+    parser.add_argument(
+        "--max-sequences",
+        type=int,
+        default=None,
+        help="capture only this many of the sequences (a reproducible random subset)",
+    )
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--save-every", type=int, default=25)
@@ -64,15 +72,20 @@ def run_train(args: argparse.Namespace) -> int:
         if stop % args.eval_every == 0 or stop == args.updates:
             state["evals"].append((stop, trainer.held_out_acceptance()))
             progress.write(f"update {stop}: held-out tokens/forward {state['evals'][-1][1]:.3f}")
-        torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(), **state},
-                   out / "checkpoint.pt")
+        torch.save(
+            {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(), **state},
+            out / "checkpoint.pt",
+        )
     progress.close()
     if not state["evals"] or state["evals"][-1][0] != state["update"]:
         state["evals"].append((state["update"], trainer.held_out_acceptance()))
     trainer.export(out / args.kind)
     history = {k: state[k] for k in ("losses", "evals", "train_s")}
-    history["data"] = {"sequences": len(data["train"]), "tokens": sum(len(s.token_ids) for s in data["train"]),
-                       "train_vocabulary": len(trainer.vocab)}
+    history["data"] = {
+        "sequences": len(data["train"]),
+        "tokens": sum(len(s.token_ids) for s in data["train"]),
+        "train_vocabulary": len(trainer.vocab),
+    }
     (out / "history.json").write_text(json.dumps(history))
     print(f"wrote {out / args.kind}; held-out tokens/forward {state['evals'][-1][1]:.3f}")
     return 0
@@ -95,8 +108,18 @@ class MtpTrainer:
     def train(self, start: int, stop: int, total: int, progress) -> list[float]:
         from ops.training.train_mtp import train_updates
 
-        return train_updates(self.model, self.served, self.train_data, self.vocab, self.optimizer, self.config,
-                             start, stop, total, progress)
+        return train_updates(
+            self.model,
+            self.served,
+            self.train_data,
+            self.vocab,
+            self.optimizer,
+            self.config,
+            start,
+            stop,
+            total,
+            progress,
+        )
 
     def drafter(self):
         import copy
@@ -105,19 +128,35 @@ class MtpTrainer:
 
         decoder = self.served.loaded.decoder
         frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
-        return MtpDrafter(frozen, decoder.config, decoder.model.embed_tokens, decoder.lm_head, "post_norm",
-                          self.config.num_steps, draft_vocab=self.vocab)
+        return MtpDrafter(
+            frozen,
+            decoder.config,
+            decoder.model.embed_tokens,
+            decoder.lm_head,
+            "post_norm",
+            self.config.num_steps,
+            draft_vocab=self.vocab,
+        )
 
     def held_out_acceptance(self) -> float:
         return held_out_acceptance(self.served, self.drafter())
 
     def export(self, folder: Path) -> None:
         config = self.served.loaded.checkpoint.config
-        _save(folder, {f"mtp.{name}": t for name, t in self.model.state_dict().items()}, {
-            "architectures": ["ArborMtpHead"], "model_type": config["model_type"], "hidden_size": config["hidden_size"],
-            "num_nextn_predict_layers": 1, "mtp_hidden": "post_norm", "num_draft": self.config.num_steps,
-            "target": self.served.name,
-        }, self.vocab)
+        _save(
+            folder,
+            {f"mtp.{name}": t for name, t in self.model.state_dict().items()},
+            {
+                "architectures": ["ArborMtpHead"],
+                "model_type": config["model_type"],
+                "hidden_size": config["hidden_size"],
+                "num_nextn_predict_layers": 1,
+                "mtp_hidden": "post_norm",
+                "num_draft": self.config.num_steps,
+                "target": self.served.name,
+            },
+            self.vocab,
+        )
 
 
 class DFlashTrainer:
@@ -142,8 +181,19 @@ class DFlashTrainer:
     def train(self, start: int, stop: int, total: int, progress) -> list[float]:
         from ops.training.train_dflash import train_updates
 
-        return train_updates(self.model, self.served, self.train_data, self.vocab, self.optimizer, self.config,
-                             self.mask_token_id, start, stop, total, progress)
+        return train_updates(
+            self.model,
+            self.served,
+            self.train_data,
+            self.vocab,
+            self.optimizer,
+            self.config,
+            self.mask_token_id,
+            start,
+            stop,
+            total,
+            progress,
+        )
 
     def drafter(self, tree_budget: int | None = None):
         import copy
@@ -154,9 +204,16 @@ class DFlashTrainer:
         decoder = self.served.loaded.decoder
         frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
         spec = DFlashSpec(self.config.block_size, self.mask_token_id, self.config.target_layer_ids)
-        return DFlashDrafter(frozen, draft_config(decoder.config, self.config), spec, decoder.model.embed_tokens,
-                             decoder.lm_head, num_draft=self.config.block_size - 1, tree_budget=tree_budget,
-                             draft_vocab=self.vocab)
+        return DFlashDrafter(
+            frozen,
+            draft_config(decoder.config, self.config),
+            spec,
+            decoder.model.embed_tokens,
+            decoder.lm_head,
+            num_draft=self.config.block_size - 1,
+            tree_budget=tree_budget,
+            draft_vocab=self.vocab,
+        )
 
     def held_out_acceptance(self) -> float:
         return held_out_acceptance(self.served, self.drafter())
@@ -164,17 +221,39 @@ class DFlashTrainer:
     def export(self, folder: Path) -> None:
         target = self.served.loaded.checkpoint.config
         config = self.config
-        keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "vocab_size")
-        _save(folder, dict(self.model.state_dict()), {
-            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-            **{key: target[key] for key in keep if target.get(key) is not None},
-            "num_hidden_layers": config.num_layers, "attention_bias": False, "tie_word_embeddings": False,
-            "block_size": config.block_size, "num_target_layers": target["num_hidden_layers"],
-            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(config.target_layer_ids),
-                              "block_size": config.block_size},
-            "target": self.served.name,
-        }, self.vocab)
+        keep = (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "rope_theta",
+            "rope_scaling",
+            "max_position_embeddings",
+            "vocab_size",
+        )
+        _save(
+            folder,
+            dict(self.model.state_dict()),
+            {
+                "architectures": ["DFlashDraftModel"],
+                "model_type": "qwen3",
+                **{key: target[key] for key in keep if target.get(key) is not None},
+                "num_hidden_layers": config.num_layers,
+                "attention_bias": False,
+                "tie_word_embeddings": False,
+                "block_size": config.block_size,
+                "num_target_layers": target["num_hidden_layers"],
+                "dflash_config": {
+                    "mask_token_id": self.mask_token_id,
+                    "target_layer_ids": list(config.target_layer_ids),
+                    "block_size": config.block_size,
+                },
+                "target": self.served.name,
+            },
+            self.vocab,
+        )
 
 
 def _save(folder: Path, tensors: dict, config: dict, draft_vocab) -> None:
@@ -185,8 +264,10 @@ def _save(folder: Path, tensors: dict, config: dict, draft_vocab) -> None:
     from worker.drafters.draft_vocab import write_draft_vocabulary
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({name: t.detach().to(torch.bfloat16).contiguous() for name, t in tensors.items()},
-              str(folder / "model.safetensors"))
+    save_file(
+        {name: t.detach().to(torch.bfloat16).contiguous() for name, t in tensors.items()},
+        str(folder / "model.safetensors"),
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_draft_vocabulary(folder, draft_vocab)
 
@@ -202,8 +283,9 @@ def _sequences(served, args: argparse.Namespace) -> list[list[int]]:
         return torch.load(path)
     conversations = training_conversations()[: args.num_prompts]
     sequences = self_distilled_sequences(served, conversations, args.max_new_tokens, 16, 0.0, seed=0)
-    sequences += self_distilled_sequences(served, conversations[: len(conversations) // 2], args.max_new_tokens,
-                                          16, 0.7, seed=1)
+    sequences += self_distilled_sequences(
+        served, conversations[: len(conversations) // 2], args.max_new_tokens, 16, 0.7, seed=1
+    )
     sequences += stdlib_sequences(served, args.stdlib_sequences, 256)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     torch.save(sequences, path)

@@ -72,8 +72,9 @@ def training_vocabulary(sequences: list[CapturedSequence], vocab_size: int, extr
     return torch.unique(torch.cat([(predicted > 0).nonzero().flatten(), seen.topk(min(extra, vocab_size)).indices]))
 
 
-def chain_hidden(head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
-                 num_steps: int) -> list[torch.Tensor]:
+def chain_hidden(
+    head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence, num_steps: int
+) -> list[torch.Tensor]:
     """The head's normed outputs g_s [n, hidden] for every chain start t < n = T - num_steps, per step."""
     decoder = served.loaded.decoder
     ids = sequence.token_ids
@@ -95,7 +96,9 @@ def chain_hidden(head: MtpHead, served, rotary: RotaryEmbedding, sequence: Captu
         keys.append(apply_rotary(k.transpose(0, 1), cos, sin))
         values.append(v.transpose(0, 1))
         mask = _chain_mask(n, step + 1)
-        out = grouped_attention(apply_rotary(q.transpose(0, 1), cos, sin), torch.cat(keys, 1), torch.cat(values, 1), mask)
+        out = grouped_attention(
+            apply_rotary(q.transpose(0, 1), cos, sin), torch.cat(keys, 1), torch.cat(values, 1), mask
+        )
         x = x + attn.o_proj(out.transpose(0, 1).reshape(n, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = head.norm(x)  # g_s: the next step's hidden input, as the drafter feeds it back
@@ -103,9 +106,17 @@ def chain_hidden(head: MtpHead, served, rotary: RotaryEmbedding, sequence: Captu
     return outputs
 
 
-def chain_losses(head: MtpHead, served, rotary: RotaryEmbedding, sequence: CapturedSequence,
-                 vocab: torch.Tensor, vocab_index: torch.Tensor, num_steps: int,
-                 feature_weight: float = 1.0, stats: dict | None = None) -> list[torch.Tensor]:
+def chain_losses(
+    head: MtpHead,
+    served,
+    rotary: RotaryEmbedding,
+    sequence: CapturedSequence,
+    vocab: torch.Tensor,
+    vocab_index: torch.Tensor,
+    num_steps: int,
+    feature_weight: float = 1.0,
+    stats: dict | None = None,
+) -> list[torch.Tensor]:
     """One loss per chain step over every start position of `sequence` (see the module docstring)."""
     n = sequence.token_ids.shape[0] - num_steps
     if n < 2:
@@ -141,8 +152,9 @@ def windows(sequences: list[CapturedSequence], max_len: int) -> list[CapturedSeq
         for start in range(0, len(s.token_ids), max_len):
             stop = start + max_len
             layers = s.layer_hidden[start:stop] if s.layer_hidden is not None else None
-            out.append(CapturedSequence(s.token_ids[start:stop], s.final_hidden[start:stop], layers,
-                                        s.target_next[start:stop]))
+            out.append(
+                CapturedSequence(s.token_ids[start:stop], s.final_hidden[start:stop], layers, s.target_next[start:stop])
+            )
     return out
 
 
@@ -150,18 +162,38 @@ def make_optimizer(head: MtpHead, config: MtpTrainConfig) -> torch.optim.Optimiz
     return updates.make_optimizer(head, config.lr, config.weight_decay)
 
 
-def train_updates(head: MtpHead, served, data: list[CapturedSequence], vocab: torch.Tensor,
-                  optimizer: torch.optim.Optimizer, config: MtpTrainConfig, start_update: int,
-                  stop_update: int, total_updates: int, progress) -> list[float]:
+def train_updates(
+    head: MtpHead,
+    served,
+    data: list[CapturedSequence],
+    vocab: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    config: MtpTrainConfig,
+    start_update: int,
+    stop_update: int,
+    total_updates: int,
+    progress,
+) -> list[float]:
     """Run updates [start_update, stop_update) of a cosine schedule over total_updates; the loss of each."""
     decoder_config = served.loaded.decoder.config
     rotary = RotaryEmbedding(decoder_config, torch.float32)
     vocab_index = updates.vocabulary_index(vocab, decoder_config.vocab_size)
 
     def sequence_loss(sequence: CapturedSequence, rng) -> torch.Tensor | None:
-        losses = chain_losses(head, served, rotary, sequence, vocab, vocab_index, config.num_steps,
-                              config.feature_weight)
-        return sum(w * l for w, l in zip(config.step_weights, losses)) if losses else None
+        losses = chain_losses(
+            head, served, rotary, sequence, vocab, vocab_index, config.num_steps, config.feature_weight
+        )
+        return sum(weight * loss for weight, loss in zip(config.step_weights, losses)) if losses else None
 
-    return updates.run_updates(head, optimizer, data, sequence_loss, config.lr, config.sequences_per_update,
-                               start_update, stop_update, total_updates, progress)
+    return updates.run_updates(
+        head,
+        optimizer,
+        data,
+        sequence_loss,
+        config.lr,
+        config.sequences_per_update,
+        start_update,
+        stop_update,
+        total_updates,
+        progress,
+    )

@@ -34,9 +34,18 @@ def vocabulary_index(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return index
 
 
-def run_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: list, sequence_loss: SequenceLoss,
-                lr: float, sequences_per_update: int, start_update: int, stop_update: int, total_updates: int,
-                progress) -> list[float]:
+def run_updates(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: list,
+    sequence_loss: SequenceLoss,
+    lr: float,
+    sequences_per_update: int,
+    start_update: int,
+    stop_update: int,
+    total_updates: int,
+    progress,
+) -> list[float]:
     """Updates [start_update, stop_update) of a schedule over total_updates; the loss of each."""
     history = []
     for update in range(start_update, stop_update):

@@ -64,14 +64,16 @@ class BackgroundStream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.Client(base_url=self.base_url, timeout=self.read_timeout_s) as http:
-                with http.stream("POST", "/v1/chat/completions", json=self.body) as response:
-                    self.status = response.status_code
-                    if response.status_code != 200:
-                        self.stream.error = json.loads(response.read())["error"]
-                        return
-                    for line in response.iter_lines():
-                        self.stream.feed(line)
+            with (
+                httpx.Client(base_url=self.base_url, timeout=self.read_timeout_s) as http,
+                http.stream("POST", "/v1/chat/completions", json=self.body) as response,
+            ):
+                self.status = response.status_code
+                if response.status_code != 200:
+                    self.stream.error = json.loads(response.read())["error"]
+                    return
+                for line in response.iter_lines():
+                    self.stream.feed(line)
         except httpx.HTTPError as error:
             self.failure = error
 

@@ -57,11 +57,19 @@ class FaultStack:
     # -- parts ---------------------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ, REDIS_URL=self.redis_server.url, OMP_NUM_THREADS="1", ARBOR_LOG_LEVEL="warning",
-                   ARBOR_PORT=str(self.port), ARBOR_EVENT_POLL_S=str(EVENT_POLL_S),
-                   ARBOR_REQUEST_TIMEOUT_S=str(GATEWAY_DEADLINE_S), ARBOR_HEARTBEAT_INTERVAL_S="0.2",
-                   ARBOR_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S), ARBOR_DRAIN_GRACE_S="5",
-                   ARBOR_ORPHAN_TIMEOUT_S=str(ORPHAN_TIMEOUT_S))
+        env = dict(
+            os.environ,
+            REDIS_URL=self.redis_server.url,
+            OMP_NUM_THREADS="1",
+            ARBOR_LOG_LEVEL="warning",
+            ARBOR_PORT=str(self.port),
+            ARBOR_EVENT_POLL_S=str(EVENT_POLL_S),
+            ARBOR_REQUEST_TIMEOUT_S=str(GATEWAY_DEADLINE_S),
+            ARBOR_HEARTBEAT_INTERVAL_S="0.2",
+            ARBOR_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
+            ARBOR_DRAIN_GRACE_S="5",
+            ARBOR_ORPHAN_TIMEOUT_S=str(ORPHAN_TIMEOUT_S),
+        )
         env.pop("ARBOR_API_KEYS", None)
         return env
 
@@ -69,8 +77,21 @@ class FaultStack:
         self.gateway = self._spawn("gateway", ["gateway"])
 
     def start_worker(self, worker_id: str) -> None:
-        argv = ["worker", "--model", str(self.model_dir), "--speculation", "none", "--worker-id", worker_id,
-                "--max-lanes", str(LANES_PER_WORKER), "--max-context", str(CONTEXT), "--prefill-cache-bytes", "0"]
+        argv = [
+            "worker",
+            "--model",
+            str(self.model_dir),
+            "--speculation",
+            "none",
+            "--worker-id",
+            worker_id,
+            "--max-lanes",
+            str(LANES_PER_WORKER),
+            "--max-context",
+            str(CONTEXT),
+            "--prefill-cache-bytes",
+            "0",
+        ]
         self.workers[worker_id] = self._spawn(worker_id, argv)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -115,8 +136,11 @@ class FaultStack:
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM everything still running; each one's exit status (None: had to be killed)."""
-        processes = {name: process for name, process in {**self.workers, "gateway": self.gateway}.items()
-                     if process is not None and process.poll() is None}
+        processes = {
+            name: process
+            for name, process in {**self.workers, "gateway": self.gateway}.items()
+            if process is not None and process.poll() is None
+        }
         for process in processes.values():
             process.send_signal(signal.SIGCONT)  # in case a test froze it and failed
             process.send_signal(signal.SIGTERM)

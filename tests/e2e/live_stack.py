@@ -67,8 +67,11 @@ class Stack:
         """gateway, the tiny model's worker (both children of `arbor up`) and the scripted worker."""
         up = self.processes["up"].pid
         children = {command_line(pid)[3]: pid for pid in child_pids(up)}  # python -m ops.cli <command> ...
-        return {"gateway": children["gateway"], TINY_MODEL: children["worker"],
-                SCRIPTED_MODEL: self.processes["worker"].pid}
+        return {
+            "gateway": children["gateway"],
+            TINY_MODEL: children["worker"],
+            SCRIPTED_MODEL: self.processes["worker"].pid,
+        }
 
     def close_clients(self) -> None:
         for client in self._clients:
@@ -83,8 +86,9 @@ def free_loopback_port() -> int:
 
 def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
     with log_path.open("wb") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-m", "ops.cli", *argv], env=env, cwd=REPO_ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *argv], env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
 
 
 def wait_until_serving(stack: Stack, processes: dict[str, subprocess.Popen]) -> None:

@@ -56,8 +56,13 @@ def faults(fault_stack: FaultStack) -> FaultStack:
 
 
 def chat(content: str, max_tokens: int) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 def answer(stack: FaultStack, body: dict) -> tuple[str, str]:
@@ -105,8 +110,11 @@ def test_a_job_redelivered_while_its_first_worker_still_runs_is_streamed_once(fa
         zombie = faults.workers[first]
         os.kill(zombie.pid, signal.SIGSTOP)
         try:
-            wait_until(lambda: redis_client.hget(keys.job_state(request_id), "worker") not in (None, first), END_S,
-                       "the other worker to reclaim the job")
+            wait_until(
+                lambda: redis_client.hget(keys.job_state(request_id), "worker") not in (None, first),
+                END_S,
+                "the other worker to reclaim the job",
+            )
         finally:
             os.kill(zombie.pid, signal.SIGCONT)
 
@@ -119,8 +127,9 @@ def test_a_job_redelivered_while_its_first_worker_still_runs_is_streamed_once(fa
     assert attempts == sorted(attempts) and set(attempts) == {1, 2}, "the first worker wrote nothing after the takeover"
     assert events[-1].stats.model_extra["worker_id"] != first
     read_zombie_log = (faults.log_dir / faults.log_names[first]).read_text
-    wait_until(lambda: f"job {request_id} is no longer ours" in read_zombie_log(), END_S,
-               "the first worker to drop the job")
+    wait_until(
+        lambda: f"job {request_id} is no longer ours" in read_zombie_log(), END_S, "the first worker to drop the job"
+    )
     assert_serves_and_goes_idle(faults, short, short_reference)
 
 
@@ -139,8 +148,15 @@ async def _cancel_storm(base_url: str, rng: random.Random, num_clients: int) -> 
     after a few chunks of a stream. Every request asks for far more tokens than it waits for."""
     limits = httpx.Limits(max_connections=num_clients)
     async with httpx.AsyncClient(base_url=base_url, timeout=HANG_S, limits=limits) as http:
-        plans = [(rng.uniform(0, 2), rng.choice(["abandon", "abandon_stream", "mid_stream"]), rng.uniform(0, 1.5),
-                  rng.randint(1, 30)) for _ in range(num_clients)]
+        plans = [
+            (
+                rng.uniform(0, 2),
+                rng.choice(["abandon", "abandon_stream", "mid_stream"]),
+                rng.uniform(0, 1.5),
+                rng.randint(1, 30),
+            )
+            for _ in range(num_clients)
+        ]
         return await asyncio.gather(*(_give_up(http, *plan) for plan in plans))
 
 
@@ -150,7 +166,8 @@ async def _give_up(http: httpx.AsyncClient, start_s: float, kind: str, patience_
     if kind != "mid_stream":
         with contextlib.suppress(TimeoutError):
             response = await asyncio.wait_for(
-                http.post("/v1/chat/completions", json=body | {"stream": kind == "abandon_stream"}), patience_s)
+                http.post("/v1/chat/completions", json=body | {"stream": kind == "abandon_stream"}), patience_s
+            )
             return "refused" if response.status_code != 200 else "finished"
         return "abandoned"
     async with http.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as response:
@@ -166,7 +183,8 @@ async def _give_up(http: httpx.AsyncClient, start_s: float, kind: str, patience_
 
 @pytest.mark.timeout(600)
 def test_a_gateway_killed_mid_stream_ends_the_stream_its_job_is_cancelled_and_a_new_one_serves(
-        faults: FaultStack) -> None:
+    faults: FaultStack,
+) -> None:
     short = chat(SHORT, 16)
     reference = answer(faults, short)[0]
     client = BackgroundStream(faults.base_url, chat("Tell me a long story.", max_tokens=3000), HANG_S)
@@ -179,8 +197,11 @@ def test_a_gateway_killed_mid_stream_ends_the_stream_its_job_is_cancelled_and_a_
     assert not stream.done, "the kill came mid-stream"
     assert isinstance(client.failure, httpx.TransportError), f"the connection broke: {client.failure!r}"
     # Nobody hears the orphaned job any more: its worker cancels it instead of running 3000 tokens.
-    final = wait_until(lambda: next((e for e in logged_events(faults, request_id) if isinstance(e, FinalEvent)), None),
-                       END_S, "the orphaned job to end")
+    final = wait_until(
+        lambda: next((e for e in logged_events(faults, request_id) if isinstance(e, FinalEvent)), None),
+        END_S,
+        "the orphaned job to end",
+    )
     assert final.finish_reason == "cancelled" and final.usage.completion_tokens < 3000
     faults.start_gateway()
     assert_serves_and_goes_idle(faults, short, reference)
@@ -196,8 +217,9 @@ def test_a_redis_restart_under_load_ends_every_stream_cleanly(faults: FaultStack
     clients = [BackgroundStream(faults.base_url, bodies[i % 2], HANG_S) for i in range(6)]
     for client in clients:
         client.start()
-    wait_until(lambda: all(c.stream.num_chunks >= 3 or not c.is_alive() for c in clients), END_S,
-               "every stream to start")
+    wait_until(
+        lambda: all(c.stream.num_chunks >= 3 or not c.is_alive() for c in clients), END_S, "every stream to start"
+    )
     num_in_flight = sum(client.is_alive() for client in clients)
     faults.restart_redis()
 

@@ -36,8 +36,14 @@ REQUEST_TIMEOUT_S = 120.0  # hang detection only: 64 clients share a few lanes o
 # ~7 KB per request in the 120 s run.
 MAX_RSS_GROWTH_BYTES = 32 * 2**20
 TINY_PROMPTS = [
-    "Tell me about foxes.", "Count to ten.", "What is speculative decoding?", "Write a haiku about Redis.",
-    "def add(a, b):", "List three fruits.", "How are you today?", "Explain streams and consumer groups.",
+    "Tell me about foxes.",
+    "Count to ten.",
+    "What is speculative decoding?",
+    "Write a haiku about Redis.",
+    "def add(a, b):",
+    "List three fruits.",
+    "How are you today?",
+    "Explain streams and consumer groups.",
 ]
 
 
@@ -57,8 +63,12 @@ def _request(client_index: int, round_index: int) -> dict:
     if client_index % 4 == 0:
         return {"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": "Hi"}]}
     prompt = TINY_PROMPTS[(client_index + round_index) % len(TINY_PROMPTS)]
-    return {"model": TINY_MODEL, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": TINY_MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+    return {
+        "model": TINY_MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": TINY_MAX_TOKENS,
+        "extra_body": {"ignore_eos": True},
+    }
 
 
 def _key(request: dict) -> tuple[str, str]:
@@ -78,8 +88,9 @@ def _expected_answers(stack: Stack) -> dict[tuple[str, str], Expected]:
 
 async def _stream_once(client: openai.AsyncOpenAI, request: dict, expected: Expected) -> str | None:
     """None if the streamed answer is exactly the expected one, else what went wrong."""
-    stream = await client.chat.completions.create(temperature=0, stream=True,
-                                                  stream_options={"include_usage": True}, **request)
+    stream = await client.chat.completions.create(
+        temperature=0, stream=True, stream_options={"include_usage": True}, **request
+    )
     text, finish_reasons, usage = "", [], None
     async for chunk in stream:
         for choice in chunk.choices:
@@ -94,8 +105,9 @@ async def _stream_once(client: openai.AsyncOpenAI, request: dict, expected: Expe
     return None
 
 
-async def _client_loop(index: int, client: openai.AsyncOpenAI, expected: dict, until: float | None,
-                       tally: Tally) -> None:
+async def _client_loop(
+    index: int, client: openai.AsyncOpenAI, expected: dict, until: float | None, tally: Tally
+) -> None:
     """Requests back to back until `until` (loop time), or exactly one when `until` is None."""
     loop = asyncio.get_running_loop()
     round_index = 0
@@ -115,8 +127,7 @@ async def _client_loop(index: int, client: openai.AsyncOpenAI, expected: dict, u
 
 async def _load(stack: Stack, expected: dict, duration_s: float | None) -> Tally:
     tally = Tally()
-    client = openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="x", max_retries=0,
-                                timeout=REQUEST_TIMEOUT_S)
+    client = openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="x", max_retries=0, timeout=REQUEST_TIMEOUT_S)
     async with client:
         until = None if duration_s is None else asyncio.get_running_loop().time() + duration_s
         await asyncio.gather(*(_client_loop(i, client, expected, until, tally) for i in range(NUM_CLIENTS)))
@@ -141,8 +152,10 @@ def test_64_streaming_clients_get_exact_answers_with_bounded_memory(stack: Stack
     assert tally.errors == [], f"{len(tally.errors)} of {tally.num_requests} failed: {tally.errors[:5]}"
     assert tally.num_requests >= NUM_CLIENTS
     growth = {name: rss_after[name] - rss_before[name] for name in pids}
-    print(f"\n{tally.num_requests} requests in {LOAD_SECONDS:g} s; RSS growth (MB): "
-          + ", ".join(f"{name} {delta / 2**20:+.1f}" for name, delta in growth.items()))
+    print(
+        f"\n{tally.num_requests} requests in {LOAD_SECONDS:g} s; RSS growth (MB): "
+        + ", ".join(f"{name} {delta / 2**20:+.1f}" for name, delta in growth.items())
+    )
     assert all(delta < MAX_RSS_GROWTH_BYTES for delta in growth.values()), growth
     http = stack.http()
     deadline = time.monotonic() + REQUEST_TIMEOUT_S

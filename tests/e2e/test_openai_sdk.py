@@ -57,8 +57,11 @@ def _stream_chat(client: openai.OpenAI, **kwargs) -> tuple[str, list[dict], str 
 
 def _assistant_with_calls(content: str, calls: list[dict]) -> dict:
     functions = [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
-    return {"role": "assistant", "content": content or None, "tool_calls": [
-        {"id": c["id"], "type": "function", "function": f} for c, f in zip(calls, functions)]}
+    return {
+        "role": "assistant",
+        "content": content or None,
+        "tool_calls": [{"id": c["id"], "type": "function", "function": f} for c, f in zip(calls, functions)],
+    }
 
 
 def _tool_results(calls: list[dict], results: dict[str, str]) -> list[dict]:
@@ -83,8 +86,11 @@ def test_chat_completion_returns_the_scripted_answer(client: openai.OpenAI) -> N
 
 def test_a_stop_string_ends_the_text_and_is_kept_only_when_asked(client: openai.OpenAI) -> None:
     def content(**kwargs) -> str:
-        return client.chat.completions.create(model=SCRIPTED_MODEL, messages=[USER], stop=["scripted"],
-                                              **kwargs).choices[0].message.content
+        return (
+            client.chat.completions.create(model=SCRIPTED_MODEL, messages=[USER], stop=["scripted"], **kwargs)
+            .choices[0]
+            .message.content
+        )
 
     cut = PLAIN.text.index("scripted")
     assert content() == PLAIN.text[:cut]
@@ -92,8 +98,9 @@ def test_a_stop_string_ends_the_text_and_is_kept_only_when_asked(client: openai.
 
 
 def test_min_tokens_holds_the_end_of_sequence_back(client: openai.OpenAI) -> None:
-    response = client.chat.completions.create(model=SCRIPTED_MODEL, messages=[USER], max_tokens=8,
-                                              extra_body={"min_tokens": 6})
+    response = client.chat.completions.create(
+        model=SCRIPTED_MODEL, messages=[USER], max_tokens=8, extra_body={"min_tokens": 6}
+    )
     (choice,) = response.choices
     assert response.usage.completion_tokens >= 6  # the script alone ends after len(PLAIN.pieces) + 1
     assert len(PLAIN.pieces) + 1 < 6 and choice.message.content.startswith(PLAIN.text)
@@ -111,8 +118,9 @@ def test_streamed_chat_yields_the_same_text_in_chunks(client: openai.OpenAI) -> 
 
 
 def test_stream_options_include_usage_ends_with_a_usage_chunk(client: openai.OpenAI) -> None:
-    _, _, finish_reason, chunks = _stream_chat(client, model=SCRIPTED_MODEL, messages=[USER],
-                                               stream_options={"include_usage": True})
+    _, _, finish_reason, chunks = _stream_chat(
+        client, model=SCRIPTED_MODEL, messages=[USER], stream_options={"include_usage": True}
+    )
     *body, last = chunks
     assert finish_reason == "stop"
     assert last.choices == [] and last.usage is not None
@@ -131,7 +139,8 @@ def test_legacy_completions_stream_and_not_agree(client: openai.OpenAI) -> None:
     streamed = list(client.completions.create(stream=True, **params))
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == choice.text
     assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == [
-        choice.finish_reason]
+        choice.finish_reason
+    ]
 
 
 def test_a_completion_of_token_ids_continues_those_tokens(client: openai.OpenAI) -> None:
@@ -145,12 +154,16 @@ def test_a_completion_of_token_ids_continues_those_tokens(client: openai.OpenAI)
 
 def test_echo_starts_each_choice_with_its_prompt(client: openai.OpenAI) -> None:
     plain = client.completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0)
-    echoed = client.completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0,
-                                       echo=True, n=2)
+    echoed = client.completions.create(
+        model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0, echo=True, n=2
+    )
     assert [c.text for c in echoed.choices] == ["Once upon a time" + plain.choices[0].text] * 2
     assert echoed.usage.completion_tokens == 2 * plain.usage.completion_tokens
-    chunks = list(client.completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5,
-                                            temperature=0, echo=True, stream=True))
+    chunks = list(
+        client.completions.create(
+            model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0, echo=True, stream=True
+        )
+    )
     assert chunks[0].choices[0].text.startswith("Once upon a time")
     assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed.choices[0].text
     ids = client.completions.create(model=TINY_MODEL, prompt=[1, 2, 3], max_tokens=2, temperature=0, echo=True)
@@ -168,8 +181,7 @@ def test_a_batch_of_prompts_answers_each_as_alone(client: openai.OpenAI) -> None
     assert batch.usage.prompt_tokens == sum(r.usage.prompt_tokens for r in alone)
     assert batch.usage.completion_tokens == 2 * sum(r.usage.completion_tokens for r in alone)
     streamed: dict[int, str] = {}
-    for chunk in client.completions.create(model=TINY_MODEL, prompt=prompts, max_tokens=5, temperature=0,
-                                           stream=True):
+    for chunk in client.completions.create(model=TINY_MODEL, prompt=prompts, max_tokens=5, temperature=0, stream=True):
         for choice in chunk.choices:
             streamed[choice.index] = streamed.get(choice.index, "") + choice.text
     assert streamed == {i: r.choices[0].text for i, r in enumerate(alone)}
@@ -222,8 +234,9 @@ def test_scripted_agent_workflow_over_several_turns(client: openai.OpenAI) -> No
     messages: list = [{"role": "system", "content": "You are a travel agent."}, USER]
     for step, turn in enumerate(STEPS):
         if step % 2:
-            content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=messages,
-                                                            tools=TOOLS)
+            content, calls, finish_reason, _ = _stream_chat(
+                client, model=SCRIPTED_MODEL, messages=messages, tools=TOOLS
+            )
             made = [(c["name"], json.loads(c["arguments"])) for c in calls]
             assistant = _assistant_with_calls(content, calls) if calls else {"role": "assistant", "content": content}
         else:
@@ -244,27 +257,35 @@ def test_scripted_agent_workflow_over_several_turns(client: openai.OpenAI) -> No
 def test_parallel_tool_calls_false_ends_the_turn_at_its_first_call(client: openai.OpenAI) -> None:
     messages: list = [{"role": "system", "content": "You are a travel agent."}, USER]
     for _ in STEPS[:3]:  # on to the turn that makes two calls at once
-        message = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS).choices[0].message
+        message = (
+            client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS).choices[0].message
+        )
         calls = _sdk_calls(message)
-        messages += [message, *_tool_results(calls, {"get_weather": "sunny", "get_time": "12:00"})] if calls else [
-            message, {"role": "user", "content": "And in Tokyo?"}]
+        messages += (
+            [message, *_tool_results(calls, {"get_weather": "sunny", "get_time": "12:00"})]
+            if calls
+            else [message, {"role": "user", "content": "And in Tokyo?"}]
+        )
     both = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS).choices[0]
     assert _calls(both.message) == _declared_calls(STEPS[3]) and len(STEPS[3].calls) == 2
 
-    one = client.chat.completions.create(model=SCRIPTED_MODEL, messages=messages, tools=TOOLS,
-                                         parallel_tool_calls=False).choices[0]
+    one = client.chat.completions.create(
+        model=SCRIPTED_MODEL, messages=messages, tools=TOOLS, parallel_tool_calls=False
+    ).choices[0]
     assert (_calls(one.message), one.finish_reason) == (_declared_calls(STEPS[3])[:1], "tool_calls")
     assert one.message.content == STEPS[3].content.rstrip("\n")  # what followed the call is not output
-    content, calls, finish_reason, _ = _stream_chat(client, model=SCRIPTED_MODEL, messages=messages, tools=TOOLS,
-                                                    parallel_tool_calls=False)
+    content, calls, finish_reason, _ = _stream_chat(
+        client, model=SCRIPTED_MODEL, messages=messages, tools=TOOLS, parallel_tool_calls=False
+    )
     assert (content, finish_reason) == (one.message.content, "tool_calls")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == _declared_calls(STEPS[3])[:1]
 
 
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
-        response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=16,
-                                                  temperature=1.0, seed=seed)
+        response = client.chat.completions.create(
+            model=TINY_MODEL, messages=[USER], max_tokens=16, temperature=1.0, seed=seed
+        )
         return response.choices[0].message.content
 
     first = sample(1234)
@@ -281,17 +302,22 @@ def test_n_returns_independent_choices(client: openai.OpenAI) -> None:
     assert response.usage.completion_tokens == 2 * greedy.usage.completion_tokens
     assert response.usage.prompt_tokens == greedy.usage.prompt_tokens
 
-    chunks = list(client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=10, temperature=1.0,
-                                                 seed=5, n=2, stream=True))
-    finishes = {choice.index: choice.finish_reason for chunk in chunks for choice in chunk.choices
-                if choice.finish_reason}
+    chunks = list(
+        client.chat.completions.create(
+            model=TINY_MODEL, messages=[USER], max_tokens=10, temperature=1.0, seed=5, n=2, stream=True
+        )
+    )
+    finishes = {
+        choice.index: choice.finish_reason for chunk in chunks for choice in chunk.choices if choice.finish_reason
+    }
     assert set(finishes) == {0, 1}
 
 
 def test_logit_bias_steers_greedy_decoding(client: openai.OpenAI) -> None:
     def tokens(**kwargs) -> list[str]:
-        response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=8, temperature=0,
-                                                  logprobs=True, **kwargs)
+        response = client.chat.completions.create(
+            model=TINY_MODEL, messages=[USER], max_tokens=8, temperature=0, logprobs=True, **kwargs
+        )
         return [entry.token for entry in response.choices[0].logprobs.content]
 
     assert len(set(tokens())) > 1, "the unbiased greedy text repeats one token: the check below would prove nothing"
@@ -307,19 +333,22 @@ def test_json_mode_answers_with_json_and_ends_when_the_object_closes(client: ope
     json_mode = {"response_format": {"type": "json_object"}}
     for stream in (False, True):
         if stream:
-            content, _, finish_reason, _ = _stream_chat(client, model=TINY_MODEL, messages=[USER], max_tokens=24,
-                                                        temperature=1.0, seed=3, **json_mode)
+            content, _, finish_reason, _ = _stream_chat(
+                client, model=TINY_MODEL, messages=[USER], max_tokens=24, temperature=1.0, seed=3, **json_mode
+            )
         else:
-            response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=24,
-                                                      temperature=1.0, seed=3, **json_mode)
+            response = client.chat.completions.create(
+                model=TINY_MODEL, messages=[USER], max_tokens=24, temperature=1.0, seed=3, **json_mode
+            )
             content, finish_reason = response.choices[0].message.content, response.choices[0].finish_reason
         assert feed(INITIAL, content.encode()) is not None, f"not JSON: {content!r}"
         if finish_reason == "stop":
             assert isinstance(json.loads(content), dict)
 
     closing = {str(train_tokenizer().token_to_id("}")): 100}
-    response = client.chat.completions.create(model=TINY_MODEL, messages=[USER], max_tokens=24, temperature=0,
-                                              logit_bias=closing, **json_mode)
+    response = client.chat.completions.create(
+        model=TINY_MODEL, messages=[USER], max_tokens=24, temperature=0, logit_bias=closing, **json_mode
+    )
     choice = response.choices[0]
     assert json.loads(choice.message.content) == {} and choice.finish_reason == "stop"
     assert response.usage.completion_tokens < 24
@@ -331,6 +360,7 @@ def test_json_mode_refuses_a_schema_and_tools_by_name(client: openai.OpenAI) -> 
         client.chat.completions.create(model=TINY_MODEL, messages=[USER], response_format=schema)
     assert caught.value.body["param"] == "response_format" and "json_schema" in caught.value.message
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=TINY_MODEL, messages=[USER], response_format={"type": "json_object"},
-                                       tools=TOOLS)
+        client.chat.completions.create(
+            model=TINY_MODEL, messages=[USER], response_format={"type": "json_object"}, tools=TOOLS
+        )
     assert caught.value.body["param"] == "response_format" and "tools" in caught.value.message

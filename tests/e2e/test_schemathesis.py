@@ -27,8 +27,13 @@ def test_no_input_causes_a_server_error(stack):
 
 def _fuzz(operation) -> None:
     @given(case=operation.as_strategy())
-    @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
-              derandomize=True, database=None)
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
+    )
     def run(case) -> None:
         _cap_generation(case.body)
         response = case.call(timeout=60)

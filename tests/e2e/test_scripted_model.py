@@ -28,8 +28,10 @@ def conversation_before(step: int) -> list[dict]:
     """A conversation with `step` assistant turns, each followed by tool results (or a user turn)."""
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Paris?"}]
     for turn in STEPS[:step]:
-        calls = [{"id": f"call_{i}", "type": "function",
-                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for i, c in enumerate(turn.calls)]
+        calls = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for i, c in enumerate(turn.calls)
+        ]
         messages.append({"role": "assistant", "content": turn.content or None, "tool_calls": calls or None})
         messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in calls]
         if not calls:
@@ -84,6 +86,10 @@ def test_script_parses_into_the_declared_content_and_calls(turn: ScriptedTurn) -
 def test_checkpoint_is_a_plain_hf_llama_folder(tmp_path: Path) -> None:
     folder = make_scripted_model(tmp_path / "m")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "llama" and config["max_position_embeddings"] == 4096

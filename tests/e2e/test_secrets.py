@@ -36,7 +36,7 @@ def _secret() -> str:
 
 
 def _leaked_pieces(text: str, secret: str) -> list[str]:
-    return sorted({secret[i:i + PIECE] for i in range(len(secret) - PIECE + 1) if secret[i:i + PIECE] in text})
+    return sorted({secret[i : i + PIECE] for i in range(len(secret) - PIECE + 1) if secret[i : i + PIECE] in text})
 
 
 @pytest.mark.timeout(600)
@@ -46,8 +46,14 @@ def test_neither_the_api_key_nor_the_redis_password_is_ever_echoed(tmp_path: Pat
     redis_server = EmbeddedRedis(tcp=True, password=password).start()
     assert password in redis_server.url
     port = free_loopback_port()
-    env = dict(os.environ, REDIS_URL=redis_server.url, ARBOR_API_KEYS=api_key, ARBOR_LOG_LEVEL="debug",
-               OMP_NUM_THREADS="1", ARBOR_HEARTBEAT_INTERVAL_S="0.5")
+    env = dict(
+        os.environ,
+        REDIS_URL=redis_server.url,
+        ARBOR_API_KEYS=api_key,
+        ARBOR_LOG_LEVEL="debug",
+        OMP_NUM_THREADS="1",
+        ARBOR_HEARTBEAT_INTERVAL_S="0.5",
+    )
     up_log = tmp_path / "up.log"
     up = spawn(["up", "--model", str(model_dir), "--speculation", "none", "--port", str(port)], env, up_log)
     try:
@@ -61,8 +67,11 @@ def test_neither_the_api_key_nor_the_redis_password_is_ever_echoed(tmp_path: Pat
         "arbor up, gateway and worker": up_log.read_text(errors="replace"),
         "gateway with bad settings": _refused(["gateway"], env | {"ARBOR_DEFAULT_MAX_TOKENS": "99999"}),
         "gateway with bad settings, no REDIS_URL": _refused(
-            ["gateway"], {k: v for k, v in env.items() if k != "REDIS_URL"} | {"ARBOR_DEFAULT_MAX_TOKENS": "99999"}),
-        "worker with bad settings": _refused(["worker", "--model", str(model_dir)], env | {"ARBOR_HEARTBEAT_TTL_S": "0.1"}),
+            ["gateway"], {k: v for k, v in env.items() if k != "REDIS_URL"} | {"ARBOR_DEFAULT_MAX_TOKENS": "99999"}
+        ),
+        "worker with bad settings": _refused(
+            ["worker", "--model", str(model_dir)], env | {"ARBOR_HEARTBEAT_TTL_S": "0.1"}
+        ),
         "replies": "\n".join(replies),
     }
 
@@ -97,6 +106,7 @@ def _drive(base_url: str, api_key: str, redis_server: EmbeddedRedis) -> list[str
     auth = {"authorization": f"Bearer {api_key}"}
     replies: list[str] = []
     with httpx.Client(base_url=base_url, timeout=60) as http:
+
         def expect(status: int | None, method: str, path: str, **kwargs) -> None:
             response = http.request(method, path, **kwargs)
             assert status is None or response.status_code == status, (path, response.text)
@@ -130,7 +140,13 @@ def _drive(base_url: str, api_key: str, redis_server: EmbeddedRedis) -> list[str
 
 def _refused(argv: list[str], env: dict[str, str]) -> str:
     """The output of an `arbor` command that must refuse its settings."""
-    result = subprocess.run([sys.executable, "-m", "ops.cli", *argv], env=env, cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=STOP_TIMEOUT_S)
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", *argv],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=STOP_TIMEOUT_S,
+    )
     assert result.returncode == 2 and "arbor: error" in result.stderr, result.stderr[-2000:]
     return result.stdout + result.stderr

@@ -91,11 +91,14 @@ def test_client_disconnect_frees_the_workers_lane(stack: Stack, http: httpx.Clie
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
-        _wait_for(lambda: any(int(beat["lanes_busy"]) == 1 for beat in _heartbeats(stack, TINY_MODEL)),
-                  "the heartbeat to show the busy lane")
+        _wait_for(
+            lambda: any(int(beat["lanes_busy"]) == 1 for beat in _heartbeats(stack, TINY_MODEL)),
+            "the heartbeat to show the busy lane",
+        )
     # The response is closed mid-stream: the gateway must cancel, the worker must drop the lane.
-    _wait_for(lambda: all(int(beat["lanes_busy"]) == 0 for beat in _heartbeats(stack, TINY_MODEL)),
-              "the lane to be freed")
+    _wait_for(
+        lambda: all(int(beat["lanes_busy"]) == 0 for beat in _heartbeats(stack, TINY_MODEL)), "the lane to be freed"
+    )
     generated = sum(int(beat["tokens"]) for beat in _heartbeats(stack, TINY_MODEL)) - tokens_before
     assert generated < max_tokens, f"the worker generated all {generated} tokens: the cancel never reached it"
     health = http.get("/health").json()
@@ -118,8 +121,10 @@ BAD_BODIES = {
     "logit_bias outside the vocabulary": (_chat(logit_bias={"10000000": 1}), 400, "invalid_request"),
     "unknown model": (_chat(model="no-such-model"), 404, None),
     "prompt longer than the context": (
-        _chat(messages=[{"role": "user", "content": "apples pears plums " * TINY_CONTEXT}]), 400,
-        "context_length_exceeded"),
+        _chat(messages=[{"role": "user", "content": "apples pears plums " * TINY_CONTEXT}]),
+        400,
+        "context_length_exceeded",
+    ),
 }
 
 
@@ -144,8 +149,14 @@ def test_bad_bytes_get_an_error_envelope_and_the_stack_stays_healthy(stack: Stac
 
 def test_arbor_top_once_shows_each_worker_and_its_mode(stack: Stack) -> None:
     env = dict(os.environ, COLUMNS="200")
-    result = subprocess.run([sys.executable, "-m", "ops.cli", "top", "--once", "--redis-url", stack.redis_url],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=WAIT_S)
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "top", "--once", "--redis-url", stack.redis_url],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
     assert result.returncode == 0, result.stderr
     rows = [[cell.strip() for cell in line.split("│")] for line in result.stdout.splitlines() if "│" in line]
     for model in (TINY_MODEL, SCRIPTED_MODEL):

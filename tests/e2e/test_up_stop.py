@@ -32,8 +32,9 @@ def test_arbor_up_stopped_while_starting_exits_cleanly_and_leaves_nothing_runnin
     model_dir = make_tiny_model(tmp_path / "tiny-qwen3")
     env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"} | {"OMP_NUM_THREADS": "1"}
     log = tmp_path / "up.log"
-    up = spawn(["up", "--model", str(model_dir), "--speculation", "none", "--port", str(free_loopback_port())],
-               env, log)
+    up = spawn(
+        ["up", "--model", str(model_dir), "--speculation", "none", "--port", str(free_loopback_port())], env, log
+    )
     try:
         deadline = time.monotonic() + 60
         while len(_children(up.pid)) < 3 and time.monotonic() < deadline:  # Redis, the gateway, a worker

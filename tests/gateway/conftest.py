@@ -47,9 +47,7 @@ class GatewayServer:
         self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         config = uvicorn.Config(wrap_app(create_app(settings)), log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
         self._clients: list[openai.OpenAI | httpx.Client] = []  # closed in stop()
 
     def start(self) -> GatewayServer:
@@ -80,9 +78,7 @@ class GatewayServer:
 
 
 @pytest.fixture
-def make_gateway(
-    redis_client: redis.Redis, redis_server: RedisServer
-) -> Iterator[Callable[..., GatewayServer]]:
+def make_gateway(redis_client: redis.Redis, redis_server: RedisServer) -> Iterator[Callable[..., GatewayServer]]:
     started: list[GatewayServer] = []
 
     def make(wrap_app: Callable[[ASGIApp], ASGIApp] = lambda app: app, **overrides: Any) -> GatewayServer:

@@ -110,9 +110,7 @@ class ProtocolPeer:
     def start(self) -> ProtocolPeer:
         self.beat()
         try:
-            self._redis.xgroup_create(
-                keys.request_stream(self.model), keys.CONSUMER_GROUP, id="0", mkstream=True
-            )
+            self._redis.xgroup_create(keys.request_stream(self.model), keys.CONSUMER_GROUP, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -159,9 +157,7 @@ class ProtocolPeer:
                 time.sleep(BLOCK_MS / 1000)
                 continue
             streams = {keys.request_stream(self.model): ">"}
-            reply = self._redis.xreadgroup(
-                keys.CONSUMER_GROUP, self.worker_id, streams, count=1, block=BLOCK_MS
-            )
+            reply = self._redis.xreadgroup(keys.CONSUMER_GROUP, self.worker_id, streams, count=1, block=BLOCK_MS)
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     self._spawn(self._serve, entry_id, Job.from_fields(fields))

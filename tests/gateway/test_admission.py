@@ -44,9 +44,7 @@ def test_worker_not_ready_is_503(gateway: GatewayServer, make_peer) -> None:
     assert response.json()["error"]["code"] == "no_ready_worker"
 
 
-def test_expired_heartbeat_no_longer_counts(
-    gateway: GatewayServer, redis_client: redis.Redis, make_peer
-) -> None:
+def test_expired_heartbeat_no_longer_counts(gateway: GatewayServer, redis_client: redis.Redis, make_peer) -> None:
     peer = make_peer()
     peer.stop()
     redis_client.delete(keys.worker_heartbeat(peer.worker_id))  # what the TTL does
@@ -99,6 +97,7 @@ def test_the_queue_limit_holds_when_requests_race_for_the_last_places(
     async def race() -> list[str | int]:
         client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
         try:
+
             async def one(i: int) -> str | int:
                 now = time.time()
                 job = Job(id=f"chatcmpl-race{i}", model=MODEL, kind="chat", body="{}", created=now, deadline=now + 60)
@@ -106,6 +105,7 @@ def test_the_queue_limit_holds_when_requests_race_for_the_last_places(
                     return await enqueue(client, job, max_queue=5)
                 except QueueFull as full:
                     return full.length
+
             return await asyncio.gather(*(one(i) for i in range(20)))
         finally:
             await client.aclose()

@@ -17,18 +17,12 @@ def test_no_keys_configured_means_no_auth(gateway: GatewayServer, peer: Protocol
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize(
-    "header", [None, "Bearer wrong", "Bearer key-one-x", "Basic key-one", "Bearer", "key-one"]
-)
-def test_missing_or_wrong_key_is_401_in_the_envelope(
-    make_gateway, peer: ProtocolPeer, header: str | None
-) -> None:
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Bearer key-one-x", "Basic key-one", "Bearer", "key-one"])
+def test_missing_or_wrong_key_is_401_in_the_envelope(make_gateway, peer: ProtocolPeer, header: str | None) -> None:
     gateway = make_gateway(api_keys="key-one,key-two")
     headers = {"authorization": header} if header else {}
 
-    response = gateway.http().post(
-        "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}, headers=headers
-    )
+    response = gateway.http().post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}, headers=headers)
 
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "invalid_api_key"

@@ -30,9 +30,7 @@ def _assert_envelope(response, status: int, code: str, param: str | None = None)
         (b"[1, 2]", "JSON object"),
     ],
 )
-def test_unparseable_bodies_are_400(
-    gateway: GatewayServer, peer: ProtocolPeer, content: bytes, fragment: str
-) -> None:
+def test_unparseable_bodies_are_400(gateway: GatewayServer, peer: ProtocolPeer, content: bytes, fragment: str) -> None:
     response = gateway.http().post(
         "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
     )
@@ -76,9 +74,7 @@ def test_wrong_values_are_400_naming_the_field(
 
 
 def test_unknown_fields_are_named_not_ignored(gateway: GatewayServer, peer: ProtocolPeer) -> None:
-    response = gateway.http().post(
-        "/v1/chat/completions", json=CHAT | {"frobnicate": 1, "best_of_luck": True}
-    )
+    response = gateway.http().post("/v1/chat/completions", json=CHAT | {"frobnicate": 1, "best_of_luck": True})
 
     error = _assert_envelope(response, 400, "invalid_request", param="frobnicate")
     assert "'frobnicate'" in error["message"] and "'best_of_luck'" in error["message"]
@@ -131,9 +127,7 @@ def test_oversized_chunked_body_is_413(make_gateway, peer: ProtocolPeer) -> None
             yield b"x" * 1000
         yield b'"}]}'
 
-    response = gateway.http().post(
-        "/v1/chat/completions", content=body(), headers={"content-type": "application/json"}
-    )
+    response = gateway.http().post("/v1/chat/completions", content=body(), headers={"content-type": "application/json"})
 
     _assert_envelope(response, 413, "request_too_large")
 

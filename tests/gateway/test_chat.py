@@ -49,9 +49,7 @@ def test_chat_stream_yields_role_then_deltas_then_finish(gateway: GatewayServer,
     assert all(c.usage is None for c in chunks)
 
 
-def test_chat_stream_include_usage_ends_with_a_usage_chunk(
-    gateway: GatewayServer, peer: ProtocolPeer
-) -> None:
+def test_chat_stream_include_usage_ends_with_a_usage_chunk(gateway: GatewayServer, peer: ProtocolPeer) -> None:
     stream = gateway.openai().chat.completions.create(
         model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}
     )
@@ -103,9 +101,7 @@ def test_reasoning_streams_as_reasoning_content(gateway: GatewayServer, make_pee
     reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
     assert reasoning == "The user wants a greeting."
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hi!"
-    assert (
-        len(chunks) == 1 + 3 + 1
-    )  # role, two reasoning deltas, one content delta, finish: the empty one skipped
+    assert len(chunks) == 1 + 3 + 1  # role, two reasoning deltas, one content delta, finish: the empty one skipped
     assert reply.choices[0].message.content == "Hi!"
     assert reply.choices[0].message.model_extra["reasoning_content"] == "The user wants a greeting."
 
@@ -148,9 +144,7 @@ def _logprob_script(job: Job) -> list[Step]:
 def test_chat_logprobs_follow_the_openai_shape(gateway: GatewayServer, make_peer) -> None:
     make_peer(script=_logprob_script)
 
-    reply = gateway.openai().chat.completions.create(
-        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=1
-    )
+    reply = gateway.openai().chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=1)
 
     [entry] = reply.choices[0].logprobs.content
     assert (entry.token, entry.logprob, entry.bytes) == ("Hi", -0.5, [72, 105])

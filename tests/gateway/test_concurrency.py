@@ -53,9 +53,7 @@ def _slow_three(job: Job) -> list[Step]:
     return [delta("one "), Pause(0.6), delta("two "), Pause(0.6), delta("three"), final()]
 
 
-def test_stream_survives_the_pubsub_connection_being_killed(
-    gateway: GatewayServer, make_peer, redis_client
-) -> None:
+def test_stream_survives_the_pubsub_connection_being_killed(gateway: GatewayServer, make_peer, redis_client) -> None:
     make_peer(script=_slow_three)
     texts = []
 
@@ -66,9 +64,7 @@ def test_stream_survives_the_pubsub_connection_being_killed(
             if '"one "' in line:
                 assert redis_client.client_kill_filter(_type="pubsub") >= 1
             if line.startswith("data: {"):
-                texts.append(
-                    json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", "")
-                )
+                texts.append(json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", ""))
 
     assert "".join(texts) == "one two three"
     follow_up = gateway.openai().chat.completions.create(model=MODEL, **_MESSAGES)  # the hub reconnected

@@ -87,8 +87,11 @@ def tcp_redis() -> Iterator[RedisServer]:
 
 def test_a_retried_enqueue_queues_the_job_once(tcp_redis):
     job = _job()
-    _, entry_id = asyncio.run(_queue_through_proxy(tcp_redis.port, keys.enqueued_marker(job.id).encode(),
-                                                   lambda client: enqueue(client, job, max_queue=10)))
+    _, entry_id = asyncio.run(
+        _queue_through_proxy(
+            tcp_redis.port, keys.enqueued_marker(job.id).encode(), lambda client: enqueue(client, job, max_queue=10)
+        )
+    )
     plain = redis.Redis.from_url(tcp_redis.url, decode_responses=True)
     entries = plain.xrange(keys.request_stream(MODEL))
     assert [entry for entry, _ in entries] == [entry_id], "one entry, and the id the gateway was told"
@@ -100,7 +103,10 @@ def test_a_retried_enqueue_queues_the_job_once(tcp_redis):
 def test_the_proxy_does_make_a_plain_xadd_queue_twice(tcp_redis):
     """The fault is real: without the marker, redis-py's retry queues a second entry."""
     job = _job()
-    asyncio.run(_queue_through_proxy(tcp_redis.port, b"XADD",
-                                     lambda client: client.xadd(keys.request_stream(MODEL), job.to_fields())))
+    asyncio.run(
+        _queue_through_proxy(
+            tcp_redis.port, b"XADD", lambda client: client.xadd(keys.request_stream(MODEL), job.to_fields())
+        )
+    )
     plain = redis.Redis.from_url(tcp_redis.url)
     assert plain.xlen(keys.request_stream(MODEL)) == 2

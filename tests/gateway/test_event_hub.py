@@ -82,6 +82,7 @@ def test_with_redis_down_a_subscription_times_out_and_the_hub_listens_again_once
 
 def test_routing_many_events_keeps_no_memory(redis_server) -> None:
     """hiredis 3.3 under redis-py's asyncio PubSub kept every message alive: ~1 KB per request."""
+
     async def main() -> int:
         redis = Redis.from_url(redis_server.url, decode_responses=True)
         hub = EventHub(redis, 5.0)
@@ -89,6 +90,7 @@ def test_routing_many_events_keeps_no_memory(redis_server) -> None:
         try:
             request_id = hub.request_id("chatcmpl")
             async with hub.subscription(request_id) as queue:
+
                 async def route(count: int) -> None:
                     for n in range(count):
                         await redis.publish(keys.events_channel(request_id), f'{{"seq": {n}, "text": "hello"}}')

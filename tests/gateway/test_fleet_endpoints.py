@@ -42,9 +42,7 @@ def test_models_is_empty_without_workers(gateway: GatewayServer) -> None:
     assert gateway.openai().models.list().data == []
 
 
-def test_health_is_200_with_a_ready_worker_and_lists_workers(
-    gateway: GatewayServer, peer: ProtocolPeer
-) -> None:
+def test_health_is_200_with_a_ready_worker_and_lists_workers(gateway: GatewayServer, peer: ProtocolPeer) -> None:
     response = gateway.http().get("/health")
 
     assert response.status_code == 200
@@ -81,9 +79,7 @@ def test_health_is_503_when_redis_is_unreachable(make_gateway) -> None:
 
 def _sample(text: str, name: str, **labels: str) -> float:
     wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = (
-        rf"^{re.escape(name)}(\{{{re.escape(wanted)}\}})? (\S+)$" if labels else rf"^{re.escape(name)} (\S+)$"
-    )
+    pattern = rf"^{re.escape(name)}(\{{{re.escape(wanted)}\}})? (\S+)$" if labels else rf"^{re.escape(name)} (\S+)$"
     for line in text.splitlines():
         match = re.match(pattern, line)
         if match:
@@ -92,12 +88,8 @@ def _sample(text: str, name: str, **labels: str) -> float:
 
 
 def test_metrics_sum_speculation_counters_across_workers(gateway: GatewayServer, make_peer) -> None:
-    make_peer(
-        worker_id="a", counters=Counters(drafts=10, draft_tokens=40, accepted_tokens=25, prefix_cache_hits=3)
-    )
-    make_peer(
-        worker_id="b", counters=Counters(drafts=5, draft_tokens=20, accepted_tokens=5, prefix_cache_queries=9)
-    )
+    make_peer(worker_id="a", counters=Counters(drafts=10, draft_tokens=40, accepted_tokens=25, prefix_cache_hits=3))
+    make_peer(worker_id="b", counters=Counters(drafts=5, draft_tokens=20, accepted_tokens=5, prefix_cache_queries=9))
     make_peer(worker_id="c", speculation="tree", counters=Counters(drafts=1))
 
     text = gateway.http().get("/metrics").text
@@ -114,9 +106,7 @@ def test_metrics_sum_speculation_counters_across_workers(gateway: GatewayServer,
     assert _sample(text, "arbor_redis_up") == 1
 
 
-def test_metrics_report_queue_depth_and_age(
-    gateway: GatewayServer, make_peer, redis_client: redis.Redis
-) -> None:
+def test_metrics_report_queue_depth_and_age(gateway: GatewayServer, make_peer, redis_client: redis.Redis) -> None:
     make_peer(consume=False)
     stream = keys.request_stream(MODEL)
     for i in range(3):
@@ -140,9 +130,7 @@ def test_request_metrics_count_latency_tokens_and_repairs(gateway: GatewayServer
         ]
     )
     client = gateway.openai()
-    list(
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
-    )
+    list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True))
     gateway.http().post("/v1/chat/completions", json={"model": "nope", "messages": []})
 
     text = gateway.http().get("/metrics").text
@@ -171,7 +159,5 @@ def test_openapi_describes_the_request_models(gateway: GatewayServer) -> None:
     assert {"messages", "model", "tools", "stream_options", "reasoning_budget"} <= set(chat["properties"])
     assert chat["additionalProperties"] is False
     assert "prompt" in schemas["CompletionRequest"]["properties"]
-    ref = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"][
-        "schema"
-    ]["$ref"]
+    ref = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert ref.rsplit("/", 1)[-1] in schemas

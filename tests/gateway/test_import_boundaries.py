@@ -22,9 +22,7 @@ print(json.dumps(loaded))
 
 
 def test_importing_the_gateway_loads_no_torch_and_no_worker() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True)
 
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 

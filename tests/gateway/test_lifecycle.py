@@ -151,9 +151,7 @@ def test_deadline_without_streaming_is_504(make_gateway, make_peer) -> None:
 @pytest.mark.parametrize(
     ("code", "status"), [("context_length_exceeded", 400), ("internal_error", 500), ("dead_letter", 500)]
 )
-def test_worker_errors_map_to_http_statuses(
-    gateway: GatewayServer, make_peer, code: str, status: int
-) -> None:
+def test_worker_errors_map_to_http_statuses(gateway: GatewayServer, make_peer, code: str, status: int) -> None:
     make_peer(script=lambda job: [error(f"worker says {code}", code)])
 
     response = gateway.http().post("/v1/chat/completions", json=CHAT)

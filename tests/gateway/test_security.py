@@ -24,8 +24,11 @@ MAX_BODY_BYTES = 2048
 
 # (method, path) -> a valid request body (None: no body). Every /v1 route must be here.
 EXAMPLES: dict[tuple[str, str], dict | None] = {
-    ("POST", "/v1/chat/completions"): {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                       "max_tokens": 4},
+    ("POST", "/v1/chat/completions"): {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    },
     ("POST", "/v1/completions"): {"model": MODEL, "prompt": "hi", "max_tokens": 4},
     ("GET", "/v1/models"): None,
     ("HEAD", "/v1/models"): None,
@@ -34,8 +37,16 @@ EXAMPLES: dict[tuple[str, str], dict | None] = {
 }
 URLS = {"/v1/models/{model:path}": f"/v1/models/{MODEL}"}  # a route's path with its parameters filled in
 GENERATION_ROUTES = [route for route, body in EXAMPLES.items() if body is not None and "max_tokens" in body]
-BAD_HEADERS = [None, "Bearer wrong", f"Bearer {API_KEY}x", f"Bearer {API_KEY[:-1]}", f"Basic {API_KEY}", "Bearer",
-               API_KEY, f"Bearer {KEYS}"]
+BAD_HEADERS = [
+    None,
+    "Bearer wrong",
+    f"Bearer {API_KEY}x",
+    f"Bearer {API_KEY[:-1]}",
+    f"Basic {API_KEY}",
+    "Bearer",
+    API_KEY,
+    f"Bearer {KEYS}",
+]
 
 
 def v1_routes(routes: list, prefix: str = "") -> set[tuple[str, str]]:
@@ -100,8 +111,9 @@ def test_a_body_over_the_size_cap_is_413(make_gateway, peer: ProtocolPeer, route
     headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
 
     declared = _send(gateway, route, f"Bearer {API_KEY}", **padding)
-    content = gateway.http().request(route[0], route[1], headers=headers,
-                                     content=_chunks(EXAMPLES[route] | padding))  # no content-length
+    content = gateway.http().request(
+        route[0], route[1], headers=headers, content=_chunks(EXAMPLES[route] | padding)
+    )  # no content-length
 
     _assert_envelope(declared, 413, "request_too_large")
     _assert_envelope(content, 413, "request_too_large")
@@ -112,7 +124,7 @@ def test_a_body_over_the_size_cap_is_413(make_gateway, peer: ProtocolPeer, route
 def _chunks(body: dict) -> Iterator[bytes]:
     raw = json.dumps(body).encode()
     for start in range(0, len(raw), 256):
-        yield raw[start:start + 256]
+        yield raw[start : start + 256]
 
 
 @pytest.mark.parametrize("route", GENERATION_ROUTES)

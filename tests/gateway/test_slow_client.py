@@ -62,8 +62,9 @@ def batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
-def test_a_slow_client_gets_every_chunk_exactly_once_in_order(gateway: GatewayServer, make_peer,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_client_gets_every_chunk_exactly_once_in_order(
+    gateway: GatewayServer, make_peer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_peer(script=_fast_script)
     sizes = batch_sizes(monkeypatch)
 

@@ -47,9 +47,7 @@ def test_tool_call_round_trip(gateway: GatewayServer, make_peer) -> None:
     client = gateway.openai()
     messages: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
 
-    first = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="auto"
-    )
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="auto")
     [call] = first.choices[0].message.tool_calls
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21})})
@@ -82,9 +80,7 @@ def test_streamed_tool_call_reassembles_in_the_sdk(gateway: GatewayServer, make_
     ("field", "value"),
     [("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}})],
 )
-def test_forced_tool_choice_is_refused_by_name(
-    gateway: GatewayServer, peer: ProtocolPeer, field: str, value
-) -> None:
+def test_forced_tool_choice_is_refused_by_name(gateway: GatewayServer, peer: ProtocolPeer, field: str, value) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         gateway.openai().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[WEATHER_TOOL], **{field: value}
@@ -164,8 +160,10 @@ def _echo_script(job: Job) -> list[Step]:
     name = prompt if isinstance(prompt, str) else str(prompt[0])
     steps: list[Step] = []
     for choice in range(request.get("n", 1)):
-        steps += [delta(f"{name}/{choice}", choice=choice, token_ids=[1]),
-                  final(choice=choice, prompt_tokens=len(prompt), completion_tokens=1)]
+        steps += [
+            delta(f"{name}/{choice}", choice=choice, token_ids=[1]),
+            final(choice=choice, prompt_tokens=len(prompt), completion_tokens=1),
+        ]
     return steps
 
 
@@ -177,7 +175,13 @@ def test_a_batch_of_prompts_is_one_job_each_and_one_reply(gateway: GatewayServer
 
     # OpenAI's numbering: prompt by prompt, n choices each.
     assert [(c.index, c.text) for c in reply.choices] == [
-        (0, "a/0"), (1, "a/1"), (2, "bb/0"), (3, "bb/1"), (4, "ccc/0"), (5, "ccc/1")]
+        (0, "a/0"),
+        (1, "a/1"),
+        (2, "bb/0"),
+        (3, "bb/1"),
+        (4, "ccc/0"),
+        (5, "ccc/1"),
+    ]
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (1 + 2 + 3, 6)
     assert sorted(json.loads(job.body)["prompt"] for job in peer.jobs) == prompts
     assert peer.problems == []
@@ -186,8 +190,11 @@ def test_a_batch_of_prompts_is_one_job_each_and_one_reply(gateway: GatewayServer
 def test_a_streamed_batch_renumbers_every_chunk_and_ends_once(gateway: GatewayServer, make_peer) -> None:
     make_peer(script=_echo_script)
 
-    chunks = list(gateway.openai().completions.create(
-        model=MODEL, prompt=[[5, 6], [7]], n=2, max_tokens=3, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        gateway.openai().completions.create(
+            model=MODEL, prompt=[[5, 6], [7]], n=2, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
 
     texts: dict[int, str] = {}
     finishes = {}

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ops.bench.client import RequestRecord, latency_ms
-from ops.bench.results import percentile
 from ops.bench.pairs import QUIET_CORES
+from ops.bench.results import percentile
 from ops.bench.serving import comparison_summary
 from ops.cli import main
 from tests.support.tiny_drafters import one_torch_thread
@@ -59,7 +59,12 @@ def test_the_comparison_splits_off_the_pairs_during_which_other_processes_were_q
     assert load["cores_p50"] == pytest.approx(QUIET_CORES / 2) and load["cores_p90"] == pytest.approx(0.825)
     assert comparison_summary(gateway, local, other_cores)["paired_ratio"]["median"] == pytest.approx(0.94)
     assert comparison_summary(gateway, local, other_cores)["pairs"][1] == {
-        "gateway_e2e_s": 1.0, "gateway_tpot_s": 0.09, "local_e2e_s": 0.9, "local_tpot_s": 0.08, "other_cores": 1.0}
+        "gateway_e2e_s": 1.0,
+        "gateway_tpot_s": 0.09,
+        "local_e2e_s": 0.9,
+        "local_tpot_s": 0.08,
+        "other_cores": 1.0,
+    }
     unmeasured = comparison_summary(gateway, local, [None] * 4)["other_load"]
     assert unmeasured["paired_ratio_quiet"] is None and unmeasured["cores_p50"] is None
 
@@ -72,8 +77,20 @@ def test_percentile_interpolates_between_closest_ranks():
 
 
 def test_bench_decode_writes_reports_with_ratios_and_a_passing_lossless_check(tiny_model, tmp_path, capsys):
-    argv = ["bench", "decode", "--model", str(tiny_model), "--modes", "none,ngram", "--prompts", "2",
-            "--max-tokens", "8", "--out", str(tmp_path)]
+    argv = [
+        "bench",
+        "decode",
+        "--model",
+        str(tiny_model),
+        "--modes",
+        "none,ngram",
+        "--prompts",
+        "2",
+        "--max-tokens",
+        "8",
+        "--out",
+        str(tmp_path),
+    ]
     with one_torch_thread():
         assert main(argv) == 0
     assert {"decode.json", "decode.md", "decode.png"} <= {path.name for path in tmp_path.iterdir()}
@@ -96,8 +113,23 @@ def test_bench_decode_writes_reports_with_ratios_and_a_passing_lossless_check(ti
 
 
 def test_bench_decode_in_json_mode_checks_the_answers_and_times_the_mask_beside_plain_text(tiny_model, tmp_path):
-    report = bench_report(["bench", "decode", "--model", str(tiny_model), "--modes", "none,ngram", "--prompts", "2",
-                           "--max-tokens", "16", "--json-mode"], tmp_path, "decode")
+    report = bench_report(
+        [
+            "bench",
+            "decode",
+            "--model",
+            str(tiny_model),
+            "--modes",
+            "none,ngram",
+            "--prompts",
+            "2",
+            "--max-tokens",
+            "16",
+            "--json-mode",
+        ],
+        tmp_path,
+        "decode",
+    )
     contenders = {c["name"]: c for c in report["contenders"]}
     assert set(contenders) == {"arbor none", "arbor ngram", "arbor none, text"}
     assert contenders["arbor none, text"]["tokens"] == 2 * 16  # EOS ignored: the whole budget
@@ -108,20 +140,57 @@ def test_bench_decode_in_json_mode_checks_the_answers_and_times_the_mask_beside_
 
 
 def test_bench_decode_reports_a_missing_drafter_as_unavailable(tiny_model, tmp_path):
-    report = bench_report(["bench", "decode", "--model", str(tiny_model), "--modes", "none,dflash", "--prompts", "1",
-                           "--max-tokens", "2", "--no-transformers"], tmp_path, "decode")
+    report = bench_report(
+        [
+            "bench",
+            "decode",
+            "--model",
+            str(tiny_model),
+            "--modes",
+            "none,dflash",
+            "--prompts",
+            "1",
+            "--max-tokens",
+            "2",
+            "--no-transformers",
+        ],
+        tmp_path,
+        "decode",
+    )
     (missing,) = report["unavailable"]
     assert missing["name"] == "arbor dflash" and "--draft" in missing["reason"] and "\n" not in missing["reason"]
     assert [c["name"] for c in report["contenders"]] == ["arbor none"]
 
 
 def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_model, tmp_path):
-    argv = ["bench", "serving", "--model", str(tiny_model), "--workers", "1", "--concurrency", "1,2",
-            "--requests-per-level", "2", "--max-tokens", "8", "--compare-requests", "1", "--worker-threads", "1",
-            "--ready-timeout", "120", "--level-timeout", "60", "--out", str(tmp_path)]
+    argv = [
+        "bench",
+        "serving",
+        "--model",
+        str(tiny_model),
+        "--workers",
+        "1",
+        "--concurrency",
+        "1,2",
+        "--requests-per-level",
+        "2",
+        "--max-tokens",
+        "8",
+        "--compare-requests",
+        "1",
+        "--worker-threads",
+        "1",
+        "--ready-timeout",
+        "120",
+        "--level-timeout",
+        "60",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     assert {"serving.json", "serving.md", "serving.png", "gateway.log", "worker-1.log"} <= {
-        path.name for path in tmp_path.iterdir()}
+        path.name for path in tmp_path.iterdir()
+    }
     report = json.loads((tmp_path / "serving.json").read_text())
     assert report["total_errors"] == 0
     assert [level["concurrency"] for level in report["sweep"]] == [1, 2]
@@ -144,8 +213,11 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
 
 
 def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, capsys):
-    report = bench_report(["bench", "owner", "--model", str(tiny_model), "--requests", "3", "--max-tokens", "8",
-                           "--threads", "1"], tmp_path, "owner")
+    report = bench_report(
+        ["bench", "owner", "--model", str(tiny_model), "--requests", "3", "--max-tokens", "8", "--threads", "1"],
+        tmp_path,
+        "owner",
+    )
     assert (tmp_path / "owner.md").read_text() in capsys.readouterr().out
     assert set(report["contenders"]) == {"generate", "owner"}
     for row in report["contenders"].values():
@@ -156,8 +228,23 @@ def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, 
 
 
 def test_bench_owner_with_a_free_model_times_the_loops_alone(tiny_model, tmp_path):
-    report = bench_report(["bench", "owner", "--model", str(tiny_model), "--requests", "2", "--max-tokens", "64",
-                           "--threads", "1", "--free-model"], tmp_path, "owner")
+    report = bench_report(
+        [
+            "bench",
+            "owner",
+            "--model",
+            str(tiny_model),
+            "--requests",
+            "2",
+            "--max-tokens",
+            "64",
+            "--threads",
+            "1",
+            "--free-model",
+        ],
+        tmp_path,
+        "owner",
+    )
     assert report["settings"]["free_model"] and "Free model" in (tmp_path / "owner.md").read_text()
     assert all(row["cpu_us_per_token"] > 0 for row in report["contenders"].values())
 
@@ -181,8 +268,16 @@ def test_the_free_model_emits_the_prompt_again_until_max_tokens_then_gives_the_r
         assert sequence.stats.decode_s == 0.0
 
 
-@pytest.mark.parametrize("argv", [["--requests", "0"], ["--max-tokens", "1"], ["--publish-interval-ms", "-1"],
-                                  ["--publish-budget", "-1"], ["--max-tokens", "100000"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--requests", "0"],
+        ["--max-tokens", "1"],
+        ["--publish-interval-ms", "-1"],
+        ["--publish-budget", "-1"],
+        ["--max-tokens", "100000"],
+    ],
+)
 def test_bench_owner_refuses_bad_settings_in_one_line(tiny_model, argv, capsys):
     assert main(["bench", "owner", "--model", str(tiny_model), *argv]) != 0
     error = capsys.readouterr().err.strip()
@@ -192,15 +287,21 @@ def test_bench_owner_refuses_bad_settings_in_one_line(tiny_model, argv, capsys):
 
 def test_bench_pool_pools_the_pairs_of_several_runs_and_names_a_report_without_them(tmp_path, capsys):
     def pair(gateway_s: float | None, local_s: float, other_cores: float | None) -> dict:
-        return {"gateway_e2e_s": gateway_s, "gateway_tpot_s": gateway_s and gateway_s / 100, "local_e2e_s": local_s,
-                "local_tpot_s": local_s / 100, "other_cores": other_cores}
+        return {
+            "gateway_e2e_s": gateway_s,
+            "gateway_tpot_s": gateway_s and gateway_s / 100,
+            "local_e2e_s": local_s,
+            "local_tpot_s": local_s / 100,
+            "other_cores": other_cores,
+        }
 
     # Run a: three quiet pairs at 0.98. Run b: two pairs at 0.9 while others took a core, one
     # failed pair (no gateway time). Pooled: 0.98, 0.98, 0.98, 0.9, 0.9 -> median 0.98.
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "serving.json").write_text(json.dumps({"comparison": {"pairs": [pair(1.0, 0.98, 0.0)] * 3}}))
-    (tmp_path / "b.json").write_text(json.dumps({"comparison": {"pairs": [
-        pair(1.0, 0.9, 1.0), pair(1.0, 0.9, None), pair(None, 0.9, 0.0)]}}))
+    (tmp_path / "b.json").write_text(
+        json.dumps({"comparison": {"pairs": [pair(1.0, 0.9, 1.0), pair(1.0, 0.9, None), pair(None, 0.9, 0.0)]}})
+    )
     assert main(["bench", "pool", str(tmp_path / "a"), str(tmp_path / "b.json")]) == 0
     table = capsys.readouterr().out
     # Tokens/s, all tokens over all time: (3 × 0.98 + 2 × 0.9) / 5 s of gateway time (the failed pair left out).

@@ -11,8 +11,11 @@ def test_bench_ceiling_prints_both_tables_with_exact_oracle_runs(capsys):
         argv = ["--model", str(speculation_checkpoints("qwen3").target), "--max-tokens", "16", "--repeats", "1"]
         assert main(argv) == 0
     out = capsys.readouterr().out
-    decode_rows = [line for line in out.splitlines() if line.startswith("| none") or line.startswith("| chain")
-                   or line.startswith("| tree")]
+    decode_rows = [
+        line
+        for line in out.splitlines()
+        if line.startswith("| none") or line.startswith("| chain") or line.startswith("| tree")
+    ]
     assert len(decode_rows) == 1 + len(ORACLES)
     assert all(row.rstrip().endswith("| yes |") for row in decode_rows), decode_rows
     assert "| chain k=3 | 4.00 |" in out and "| chain k=7 | 8.00 |" in out

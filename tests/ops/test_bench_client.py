@@ -43,14 +43,18 @@ async def serve(connections: list[int], requests: list[bytes]) -> asyncio.Server
                 head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError:
                 break
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length")))
+            length = int(
+                next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+            )
             body = json.loads(await reader.readexactly(length))
             requests.append(head.split(b"\r\n")[0])
             if body["model"] == "missing":
                 error = json.dumps({"error": {"message": "no such model", "code": "model_not_found"}}).encode()
-                writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
-                             + f"content-length: {len(error)}\r\n\r\n".encode() + error)
+                writer.write(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(error)}\r\n\r\n".encode()
+                    + error
+                )
                 continue
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             for part in STREAM:
@@ -114,20 +118,24 @@ def test_a_connection_idle_past_the_keep_alive_is_not_reused() -> None:
     """uvicorn closes a connection idle for 5 s; a request written to it then is lost. Here a server
     on its own thread closes one idle for 0.3 s while the client's loop is blocked (as during an
     in-process request) and does not see it; the client keeps connections for 0.1 s."""
+
     class Handler(socketserver.StreamRequestHandler):
         timeout = 0.3  # idle this long: hang up, as uvicorn does
 
         def handle(self) -> None:
             connections.append(1)
             try:
-                while head := self.rfile.readline():
+                while self.rfile.readline():
                     length = 0
                     while (line := self.rfile.readline()) not in (b"\r\n", b""):
                         if line.lower().startswith(b"content-length"):
                             length = int(line.split(b":")[1])
                     self.rfile.read(length)
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-                                     + b"".join(chunk(part) for part in STREAM) + b"0\r\n\r\n")
+                    self.wfile.write(
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                        + b"".join(chunk(part) for part in STREAM)
+                        + b"0\r\n\r\n"
+                    )
             except TimeoutError:
                 pass
 

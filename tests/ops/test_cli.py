@@ -13,22 +13,31 @@ def test_parser_builds_without_importing_torch():
 
 
 def test_missing_model_is_one_line_error():
-    result = subprocess.run([sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--model", "/no/such/model"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--model", "/no/such/model"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "/no/such/model" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_unknown_speculation_mode_is_refused():
-    result = subprocess.run([sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--speculation", "magic"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "generate", "--prompt", "hi", "--speculation", "magic"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "magic" in result.stderr
 
 
 def test_a_setting_out_of_range_is_one_line_naming_it():
-    result = subprocess.run([sys.executable, "-m", "ops.cli", "worker", "--publish-budget", "2",
-                             "--publish-interval-ms", "-3"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "worker", "--publish-budget", "2", "--publish-interval-ms", "-3"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "publish_budget: Input should be less than or equal to 1" in result.stderr
@@ -37,8 +46,9 @@ def test_a_setting_out_of_range_is_one_line_naming_it():
 
 def test_arbor_up_with_a_bad_setting_says_so_in_one_line_before_starting_anything():
     env = dict(os.environ, ARBOR_PUBLISH_BUDGET="5")
-    result = subprocess.run([sys.executable, "-m", "ops.cli", "up", "--port", "8799"], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "up", "--port", "8799"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "publish_budget:" in result.stderr, "arbor up's own error, not a child's exit during start-up"

@@ -28,8 +28,9 @@ def _tool(name: str) -> str:
 
 @pytest.mark.parametrize("profile", [[], ["--profile", "cpu"]], ids=["gpu", "cpu"])
 def test_compose_file_is_valid(profile):
-    result = subprocess.run([_tool("docker-compose"), *profile, "-f", "compose.yaml", "config"], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("docker-compose"), *profile, "-f", "compose.yaml", "config"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "worker:" in result.stdout and "gateway:" in result.stdout
     if profile:
@@ -37,8 +38,12 @@ def test_compose_file_is_valid(profile):
 
 
 def test_prometheus_config_is_valid():
-    result = subprocess.run([_tool("promtool"), "check", "config", "ops/prometheus/prometheus.yml"], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("promtool"), "check", "config", "ops/prometheus/prometheus.yml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

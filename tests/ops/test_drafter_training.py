@@ -33,8 +33,9 @@ def _one_thread():
 
 @functools.cache
 def served():
-    folder = make_tiny_model(Path(__import__("tempfile").mkdtemp(prefix="arbor-train-")) / "tiny", "llama",
-                             num_hidden_layers=4)
+    folder = make_tiny_model(
+        Path(__import__("tempfile").mkdtemp(prefix="arbor-train-")) / "tiny", "llama", num_hidden_layers=4
+    )
     model = load_serving_model(folder, "none")
     model.loaded.decoder.requires_grad_(False)
     return model
@@ -47,8 +48,11 @@ def random_sequences(count: int, length: int, seed: int = 0) -> list[list[int]]:
 
 
 class Progress:
-    def update(self, n): pass
-    def set_postfix(self, **kwargs): pass
+    def update(self, n):
+        pass
+
+    def set_postfix(self, **kwargs):
+        pass
 
 
 def perturbed(module: torch.nn.Module, seed: int = 1) -> None:
@@ -106,15 +110,18 @@ def test_dflash_training_blocks_equal_the_drafters_block_logits():
     rotary = RotaryEmbedding(model.loaded.decoder.config, torch.float32)
     anchors = torch.tensor([5, 17, 30])
     with torch.no_grad():
-        trained = block_hidden(trainer.model, model, rotary, sequence, anchors, trainer.config.block_size,
-                               trainer.mask_token_id)
+        trained = block_hidden(
+            trainer.model, model, rotary, sequence, anchors, trainer.config.block_size, trainer.mask_token_id
+        )
     drafter = trainer.drafter()
     assert isinstance(drafter, DFlashDrafter)
     hidden = model.loaded.config.hidden_size
     for row, anchor in enumerate(anchors.tolist()):
         state = drafter.start(fake_sequence(len(sequence_ids)))
-        layers = {layer: sequence.layer_hidden[:anchor, i * hidden:(i + 1) * hidden].float()
-                  for i, layer in enumerate(trainer.target_layers)}
+        layers = {
+            layer: sequence.layer_hidden[:anchor, i * hidden : (i + 1) * hidden].float()
+            for i, layer in enumerate(trainer.target_layers)
+        }
         drafter.observe(state, TargetStates(sequence_ids[:anchor], 0, layers, None, sequence_ids[anchor]))
         inferred = drafter.block_logits(state, sequence_ids[anchor])
         torch.testing.assert_close(drafter.vocabulary.logits(trained[row]), inferred, atol=1e-4, rtol=1e-4)

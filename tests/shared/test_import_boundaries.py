@@ -24,9 +24,7 @@ print(json.dumps(sorted(roots & {"gateway", "worker", "ops", "torch", "starlette
 
 
 def test_importing_every_shared_module_loads_no_upper_layer() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True)
 
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 

@@ -27,9 +27,7 @@ def chat(**fields) -> ChatCompletionRequest:
 
 def refused(model=ChatCompletionRequest, **fields) -> tuple[str, str]:
     """(param, message) of the first error, the way the gateway reports it."""
-    base = (
-        {"model": "m", "messages": USER} if model is ChatCompletionRequest else {"model": "m", "prompt": "p"}
-    )
+    base = {"model": "m", "messages": USER} if model is ChatCompletionRequest else {"model": "m", "prompt": "p"}
     with pytest.raises(ValidationError) as caught:
         model.model_validate(base | fields, context=LIMITS)
     error = caught.value.errors()[0]
@@ -50,9 +48,7 @@ def test_a_full_vllm_style_chat_request_is_accepted() -> None:
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
-                ],
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}],
             },
             {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
         ],
@@ -151,8 +147,10 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"logit_bias": {"7": "2"}}, "logit_bias.7"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"response_format": {"type": "text", "json_schema": {"name": "x"}}}, "response_format"),
-        ({"response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "w"}}]},
-         "response_format"),
+        (
+            {"response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "w"}}]},
+            "response_format",
+        ),
         ({"response_format": {"type": "json_object"}, "min_tokens": 1}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"max_tokens": 1001}, "max_tokens"),
@@ -234,13 +232,9 @@ def test_any_unknown_top_level_field_is_refused_by_name(name: str) -> None:
     top_p=st.floats(0.01, 1),
     top_k=st.integers(-1, 100),
     max_tokens=st.integers(1, 1000),
-    stop=st.one_of(
-        st.none(), st.text(min_size=1, max_size=5), st.lists(st.text(min_size=1, max_size=5), max_size=3)
-    ),
+    stop=st.one_of(st.none(), st.text(min_size=1, max_size=5), st.lists(st.text(min_size=1, max_size=5), max_size=3)),
 )
-def test_every_valid_request_maps_to_valid_sampling_params(
-    temperature, top_p, top_k, max_tokens, stop
-) -> None:
+def test_every_valid_request_maps_to_valid_sampling_params(temperature, top_p, top_k, max_tokens, stop) -> None:
     req = chat(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, stop=stop)
 
     params = to_sampling_params(req)

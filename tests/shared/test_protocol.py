@@ -57,8 +57,9 @@ def test_job_state_is_a_small_hash_and_its_tokens_are_replayed_from_the_event_lo
     log = [
         DeltaEvent(id="r", attempt=1, seq=0, choice=0, text="a", token_ids=[1, 2]),
         DeltaEvent(id="r", attempt=1, seq=1, choice=1, text="b", token_ids=[3]),
-        FinalEvent(id="r", attempt=1, seq=2, choice=1, finish_reason="stop",
-                   usage=Usage(prompt_tokens=1, completion_tokens=1)),
+        FinalEvent(
+            id="r", attempt=1, seq=2, choice=1, finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)
+        ),
         DeltaEvent(id="r", attempt=2, seq=3, choice=0, text="c", token_ids=[4]),
         DeltaEvent(id="r", attempt=2, seq=4, choice=0, text="d", token_ids=[5]),  # past next_seq: not yet landed
     ]
@@ -66,8 +67,9 @@ def test_job_state_is_a_small_hash_and_its_tokens_are_replayed_from_the_event_lo
 
     assert fields == {"worker": "w1", "attempt": "2", "next_seq": "4"}
     state = JobState.from_fields(fields, [encode_event(event) for event in log])
-    assert state == JobState(worker="w1", attempt=2, emitted_token_ids=[[1, 2, 4], [3]], finished_choices=[1],
-                             next_seq=4)
+    assert state == JobState(
+        worker="w1", attempt=2, emitted_token_ids=[[1, 2, 4], [3]], finished_choices=[1], next_seq=4
+    )
     assert JobState.from_fields(fields) == JobState(worker="w1", attempt=2, next_seq=4)
 
 
@@ -78,12 +80,8 @@ def test_job_state_is_a_small_hash_and_its_tokens_are_replayed_from_the_event_lo
     reasoning=texts,
     token_ids=ids,
 )
-def test_delta_events_round_trip(
-    seq: int, choice: int, text: str, reasoning: str, token_ids: list[int]
-) -> None:
-    event = DeltaEvent(
-        id="r", attempt=1, seq=seq, choice=choice, text=text, reasoning=reasoning, token_ids=token_ids
-    )
+def test_delta_events_round_trip(seq: int, choice: int, text: str, reasoning: str, token_ids: list[int]) -> None:
+    event = DeltaEvent(id="r", attempt=1, seq=seq, choice=choice, text=text, reasoning=reasoning, token_ids=token_ids)
 
     assert parse_event(encode_event(event)) == event
     assert parse_event(encode_event(event).encode()) == event

@@ -94,7 +94,5 @@ def test_worker_rejects_an_unknown_mode_and_a_short_ttl(monkeypatch: pytest.Monk
 
 
 def test_gguf_model_names_drop_the_extension() -> None:
-    assert (
-        WorkerSettings(model="/w/SmolLM2-135M-Instruct.Q4_1.gguf").model_name == "SmolLM2-135M-Instruct.Q4_1"
-    )
+    assert WorkerSettings(model="/w/SmolLM2-135M-Instruct.Q4_1.gguf").model_name == "SmolLM2-135M-Instruct.Q4_1"
     assert WorkerSettings(model="x", served_model_name="smol").model_name == "smol"

@@ -60,24 +60,43 @@ class ScriptedTurn:
 
 PLAIN = ScriptedTurn("<|plain|>", ("Hello!", " I am a scripted model."), "Hello! I am a scripted model.")
 STEPS: tuple[ScriptedTurn, ...] = (
-    ScriptedTurn("<|step0|>", ("Sure.", _HEAD.format("get_weather"), _PARIS, _END), "Sure.",
-                 (ScriptedCall("get_weather", {"city": "Paris"}),)),
-    ScriptedTurn("<|step1|>", (_HEAD.format("get_time"), _PARIS, _END), "",
-                 (ScriptedCall("get_time", {"city": "Paris"}),)),
+    ScriptedTurn(
+        "<|step0|>",
+        ("Sure.", _HEAD.format("get_weather"), _PARIS, _END),
+        "Sure.",
+        (ScriptedCall("get_weather", {"city": "Paris"}),),
+    ),
+    ScriptedTurn(
+        "<|step1|>", (_HEAD.format("get_time"), _PARIS, _END), "", (ScriptedCall("get_time", {"city": "Paris"}),)
+    ),
     ScriptedTurn("<|step2|>", ("It is sunny", " in Paris", " at noon."), "It is sunny in Paris at noon."),
-    ScriptedTurn("<|step3|>", ("Checking Tokyo.", _HEAD_COMPACT.format("get_weather"), _TOKYO, _END_NEWLINE,
-                               _HEAD_COMPACT.format("get_time"), _TOKYO_COMPACT, _END),
-                 "Checking Tokyo.\n",
-                 (ScriptedCall("get_weather", {"city": "Tokyo"}), ScriptedCall("get_time", {"city": "Tokyo"}))),
+    ScriptedTurn(
+        "<|step3|>",
+        (
+            "Checking Tokyo.",
+            _HEAD_COMPACT.format("get_weather"),
+            _TOKYO,
+            _END_NEWLINE,
+            _HEAD_COMPACT.format("get_time"),
+            _TOKYO_COMPACT,
+            _END,
+        ),
+        "Checking Tokyo.\n",
+        (ScriptedCall("get_weather", {"city": "Tokyo"}), ScriptedCall("get_time", {"city": "Tokyo"})),
+    ),
     ScriptedTurn("<|step4|>", ("It is raining", " in Tokyo", " at 20:00."), "It is raining in Tokyo at 20:00."),
 )
 TURNS = (PLAIN, *STEPS)
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    }}
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
     for name, description in (("get_weather", "Current weather in a city"), ("get_time", "Local time in a city"))
 ]
 
@@ -108,7 +127,8 @@ def build_bigram_table(turns: tuple[ScriptedTurn, ...] = TURNS) -> dict[str, str
         sequence = [turn.marker, *turn.pieces, EOS]
         for token, successor in zip(sequence, sequence[1:]):
             assert table.setdefault(token, successor) == successor, (
-                f"scripted token {token!r} is followed by both {table[token]!r} and {successor!r}")
+                f"scripted token {token!r} is followed by both {table[token]!r} and {successor!r}"
+            )
     return table
 
 
@@ -124,16 +144,35 @@ def make_scripted_model(folder: Path) -> Path:
     tokenizer.save(str(folder / "tokenizer.json"))
     vocab_size, eos_id = tokenizer.get_vocab_size(), tokenizer.token_to_id(EOS)
     config = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=vocab_size, hidden_size=HIDDEN_SIZE,
-        intermediate_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-        hidden_act="silu", bos_token_id=None, eos_token_id=eos_id, torch_dtype="float32",
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        torch_dtype="float32",
     )
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     save_file(_bigram_weights(tokenizer, table, vocab_size, eos_id), str(folder / "model.safetensors"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHAT_TEMPLATE, "eos_token": EOS, "bos_token": None, "add_bos_token": False,
-    }))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHAT_TEMPLATE,
+                "eos_token": EOS,
+                "bos_token": None,
+                "add_bos_token": False,
+            }
+        )
+    )
     return folder
 
 
@@ -168,4 +207,3 @@ def _bigram_weights(tokenizer, table: dict[str, str], vocab_size: int, eos_id: i
         "model.norm.weight": torch.ones(HIDDEN_SIZE),
         "lm_head.weight": lm_head,
     }
-

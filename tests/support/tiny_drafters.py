@@ -248,6 +248,7 @@ def transformers_layer_outputs(causal_lm, token_ids: list[int]) -> tuple[dict[in
     def keep(index: int):
         def hook(module, args, output) -> None:
             outputs[index] = (output[0] if isinstance(output, tuple) else output)[0]  # [T, hidden]
+
         return hook
 
     hooks = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(causal_lm.model.layers)]

@@ -9,7 +9,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"  # noqa: E501
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -34,7 +34,9 @@ def train_tokenizer(vocab_size: int = 320) -> tokenizers.Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
@@ -50,9 +52,17 @@ def make_tiny_model(folder: Path, family: str = "qwen3", seed: int = 0, **overri
     tokenizer = train_tokenizer()
     tokenizer.save(str(folder / "tokenizer.json"))
     config = dict(
-        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
-        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=None,
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
         eos_token_id=tokenizer.token_to_id("<|im_end|>"),
     )
     config.update(FAMILY_CONFIGS[family])
@@ -62,9 +72,16 @@ def make_tiny_model(folder: Path, family: str = "qwen3", seed: int = 0, **overri
     model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     _scale_up_random_weights(model, seed)
     model.save_pretrained(folder)
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False,
-    }))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHATML_TEMPLATE,
+                "eos_token": "<|im_end|>",
+                "bos_token": None,
+                "add_bos_token": False,
+            }
+        )
+    )
     return folder
 
 

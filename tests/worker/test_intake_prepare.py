@@ -12,8 +12,14 @@ from worker.serving_model import load_serving_model
 
 
 def job(body: dict) -> Job:
-    return Job(id="chatcmpl-1", model="tiny", kind="chat", body=json.dumps(body), created=time.time(),
-               deadline=time.time() + 60)
+    return Job(
+        id="chatcmpl-1",
+        model="tiny",
+        kind="chat",
+        body=json.dumps(body),
+        created=time.time(),
+        deadline=time.time() + 60,
+    )
 
 
 def test_a_long_body_and_the_first_json_mode_request_are_prepared_off_the_loop(tmp_path):
@@ -21,8 +27,7 @@ def test_a_long_body_and_the_first_json_mode_request_are_prepared_off_the_loop(t
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}
     json_mode = chat | {"response_format": {"type": "json_object"}}
     assert not prepare_off_loop(job(chat), served)
-    assert prepare_off_loop(job(chat | {"messages": [{"role": "user", "content": "x" * INLINE_PREPARE_BYTES}]}),
-                            served)
+    assert prepare_off_loop(job(chat | {"messages": [{"role": "user", "content": "x" * INLINE_PREPARE_BYTES}]}), served)
     assert prepare_off_loop(job(json_mode), served)  # it would build the vocabulary's index
     served.runner.json_masks.prepare()
     assert not prepare_off_loop(job(json_mode), served)  # built: quick again

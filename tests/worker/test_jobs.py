@@ -15,11 +15,14 @@ from worker.jobs import FORCED_CLOSE, JobRejected, PoisonJob, build_spec, parse_
 from worker.serving_model import ServingModel, load_serving_model
 
 TEMPLATES = Path(__file__).parent / "chat" / "templates"
-THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-            "<|im_start|>assistant\n<think>\n")
+THINKING = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n<think>\n"
+)
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
-TOOLS = [{"type": "function",
-          "function": {"name": "get_weather", "description": "Weather for a city", "parameters": CITY}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": CITY}}
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +32,26 @@ def base(tmp_path_factory) -> ServingModel:
 
 
 def with_template(model: ServingModel, source: str) -> ServingModel:
-    return ServingModel(model.name, "none", model.loaded, model.runner,
-                        ChatTemplate(source, model.loaded.checkpoint.special_tokens))
+    return ServingModel(
+        model.name, "none", model.loaded, model.runner, ChatTemplate(source, model.loaded.checkpoint.special_tokens)
+    )
 
 
 def job(body: dict | str, kind: str = "chat") -> Job:
-    return Job(id="chatcmpl-1", model="tiny", kind=kind, body=body if isinstance(body, str) else json.dumps(body),
-               created=time.time(), deadline=time.time() + 60)
+    return Job(
+        id="chatcmpl-1",
+        model="tiny",
+        kind=kind,
+        body=body if isinstance(body, str) else json.dumps(body),
+        created=time.time(),
+        deadline=time.time() + 60,
+    )
 
 
 def spec_of(model: ServingModel, body: dict | str, kind: str = "chat", max_lanes: int = 4):
-    return build_spec(job(body, kind), "1-0", 1, JobState(worker="w", attempt=1, emitted_token_ids=[]), model,
-                      max_lanes)
+    return build_spec(
+        job(body, kind), "1-0", 1, JobState(worker="w", attempt=1, emitted_token_ids=[]), model, max_lanes
+    )
 
 
 def prompt_text(model: ServingModel, spec) -> str:
@@ -49,9 +60,15 @@ def prompt_text(model: ServingModel, spec) -> str:
 
 def test_chat_with_text_parts_tools_and_template_kwargs(base):
     model = with_template(base, (TEMPLATES / "qwen3.jinja").read_text())
-    body = {"model": "tiny", "max_tokens": 8, "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False},
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "Weather in"},
-                                                      {"type": "text", "text": "Paris?"}]}]}
+    body = {
+        "model": "tiny",
+        "max_tokens": 8,
+        "tools": TOOLS,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather in"}, {"type": "text", "text": "Paris?"}]}
+        ],
+    }
     spec = spec_of(model, body)
     text = prompt_text(model, spec)
     assert "Weather in\nParis?" in text  # parts joined with a newline
@@ -72,8 +89,11 @@ def test_tool_choice_none_renders_no_tools_and_parses_none(base):
 def test_earlier_tool_calls_reach_the_template_as_objects(base):
     model = with_template(base, (TEMPLATES / "qwen3.jinja").read_text())
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
     text = prompt_text(model, spec_of(model, {"model": "tiny", "messages": messages}))
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
 
@@ -87,13 +107,15 @@ def test_a_template_that_opens_the_think_tag_starts_in_reasoning_with_a_budget(b
 
 
 def test_a_completion_encodes_the_raw_prompt_and_asks_for_logprobs(base):
-    spec = spec_of(base, {"model": "tiny", "prompt": "The quick brown fox", "logprobs": 3, "stop": "dog"},
-                   kind="completion")
+    spec = spec_of(
+        base, {"model": "tiny", "prompt": "The quick brown fox", "logprobs": 3, "stop": "dog"}, kind="completion"
+    )
     assert spec.prompt_ids == base.encode_text("The quick brown fox")
     assert spec.output.num_logprobs == 3 and spec.output.stop == ("dog",) and spec.output.reasoning is None
     assert not spec.output.include_stop
-    kept = spec_of(base, {"model": "tiny", "prompt": "x", "stop": "dog", "include_stop_str_in_output": True},
-                   kind="completion")
+    kept = spec_of(
+        base, {"model": "tiny", "prompt": "x", "stop": "dog", "include_stop_str_in_output": True}, kind="completion"
+    )
     assert kept.output.include_stop
     assert spec.params.max_tokens == base.runner.max_context - len(spec.prompt_ids)  # silent: the rest of the context
 

@@ -34,8 +34,9 @@ def feed_one_by_one(output: LaneOutput, token_ids: list[int]) -> LaneDelta:
 
 
 def reasoning_options(tokenizer, budget=None, starts_in_reasoning=False) -> ReasoningOptions:
-    return ReasoningOptions(starts_in_reasoning=starts_in_reasoning, budget=budget,
-                            close_ids=tuple(ids_of(tokenizer, FORCED)))
+    return ReasoningOptions(
+        starts_in_reasoning=starts_in_reasoning, budget=budget, close_ids=tuple(ids_of(tokenizer, FORCED))
+    )
 
 
 def test_reasoning_between_think_tags_is_split_from_the_content(tokenizer):
@@ -50,7 +51,7 @@ def test_spent_reasoning_budget_forces_the_close_tag_and_the_answer_follows(toke
     output = LaneOutput(tokenizer, options, [])
     thinking = ids_of(tokenizer, "apples, pears, plums; questions")
     reasoning = ""
-    for count, token in enumerate(thinking, start=1):
+    for count, token in enumerate(thinking, start=1):  # noqa: B007 (read after the loop)
         reasoning += output.add([token]).reasoning
         forced = output.tokens_to_force()
         if forced:
@@ -96,8 +97,10 @@ def test_a_tool_call_split_over_many_small_deltas_becomes_openai_tool_call_delta
 
 @pytest.mark.parametrize("in_one_step", [False, True])
 def test_a_single_call_lane_stops_when_its_first_call_closes(tokenizer, in_one_step):
-    text = ('Both.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
-            '<tool_call>{"name": "g", "arguments": {}}</tool_call> and more')
+    text = (
+        'Both.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call> and more'
+    )
     output = LaneOutput(tokenizer, OutputOptions(parse_tool_calls=True, single_tool_call=True), [])
     token_ids = ids_of(tokenizer, text)
     if in_one_step:  # speculation or held tokens: the step runs past the call
@@ -125,7 +128,7 @@ def test_echo_goes_out_once_before_the_first_output_and_is_dropped_with_a_replay
     assert feed_one_by_one(output, token_ids).text == "The fox jumps over the dog"
     replayed = LaneOutput(tokenizer, OutputOptions(echo="The fox"), [])
     replayed.add(token_ids[:2])  # what a dead worker published, echo included: dropped
-    rest = tokenizer.decode(token_ids)[len(tokenizer.decode(token_ids[:2])):]
+    rest = tokenizer.decode(token_ids)[len(tokenizer.decode(token_ids[:2])) :]
     assert feed_one_by_one(replayed, token_ids[2:]).text == rest
 
 
@@ -186,15 +189,23 @@ def test_logprobs_are_formatted_with_token_text_and_bytes(tokenizer):
     assert [top.logprob for top in formatted.top_logprobs] == [-0.5, -1.5]
 
 
-@pytest.mark.parametrize("options", [OutputOptions(), OutputOptions(parse_tool_calls=True),
-                                     OutputOptions(stop=("lazy dog",), parse_tool_calls=True),
-                                     OutputOptions(reasoning=ReasoningOptions(budget=3, close_ids=(1,)))])
+@pytest.mark.parametrize(
+    "options",
+    [
+        OutputOptions(),
+        OutputOptions(parse_tool_calls=True),
+        OutputOptions(stop=("lazy dog",), parse_tool_calls=True),
+        OutputOptions(reasoning=ReasoningOptions(budget=3, close_ids=(1,))),
+    ],
+)
 @pytest.mark.parametrize("step", [2, 3, 5])
 def test_a_multi_token_step_says_what_its_tokens_say_one_by_one(tokenizer, options, step):
     """A speculative step emits several tokens at once; without a reasoning parser to count them
     they go through the text pipeline together."""
-    text = ('Fox é <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call> '
-            '<think>a b c d e</think> over the lazy dog. Hello')
+    text = (
+        'Fox é <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call> '
+        "<think>a b c d e</think> over the lazy dog. Hello"
+    )
     token_ids = ids_of(tokenizer, text)
     one_by_one = LaneOutput(tokenizer, options, [])
     expected = LaneDelta()
@@ -209,7 +220,7 @@ def test_a_multi_token_step_says_what_its_tokens_say_one_by_one(tokenizer, optio
     for start in range(0, len(token_ids), step):
         if in_steps.stopped:
             break
-        got.extend(in_steps.add(token_ids[start:start + step]))
+        got.extend(in_steps.add(token_ids[start : start + step]))
     got.extend(in_steps.finish())
 
     assert (got.text, got.reasoning) == (expected.text, expected.reasoning)
@@ -218,8 +229,14 @@ def test_a_multi_token_step_says_what_its_tokens_say_one_by_one(tokenizer, optio
     assert in_steps.made_tool_calls == one_by_one.made_tool_calls
 
 
-@pytest.mark.parametrize("options", [OutputOptions(), OutputOptions(parse_tool_calls=True),
-                                     OutputOptions(reasoning=ReasoningOptions(budget=3, close_ids=(1,)))])
+@pytest.mark.parametrize(
+    "options",
+    [
+        OutputOptions(),
+        OutputOptions(parse_tool_calls=True),
+        OutputOptions(reasoning=ReasoningOptions(budget=3, close_ids=(1,))),
+    ],
+)
 def test_replay_is_seamless_whatever_the_tokens(tokenizer, options):
     """Random ids (a tiny model's output) end inside characters all the time: the replayed
     tokens must leave the detokenizer holding back exactly what the dead worker's held back."""

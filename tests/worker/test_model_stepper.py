@@ -82,8 +82,11 @@ def test_a_shared_system_prompt_hits_and_output_and_drafting_equal_a_cold_run(mo
 
 def test_a_drafter_that_cannot_export_its_context_turns_the_cache_off():
     model = served("none")
-    runner = ModelRunner(model.runner.decoder, model.loaded.checkpoint.eos_token_ids,
-                         OracleDrafter([0] * 8, depth=2, vocab_size=model.loaded.config.vocab_size))
+    runner = ModelRunner(
+        model.runner.decoder,
+        model.loaded.checkpoint.eos_token_ids,
+        OracleDrafter([0] * 8, depth=2, vocab_size=model.loaded.config.vocab_size),
+    )
     assert ModelStepper(runner, PrefixCache(1 << 20)).prefix_cache is None
     assert ModelStepper(model.runner, PrefixCache(1 << 20)).prefix_cache is not None
 

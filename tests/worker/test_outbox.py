@@ -17,15 +17,17 @@ REF = JobRef("req-1", "stream", "1-0", 1)
 OTHER = JobRef("req-2", "stream", "2-0", 1)
 
 
-def publication(ref: JobRef, seq: int, text: str, token_ids: list[int], choice: int = 0,
-                first_output: bool = False) -> Publication:
+def publication(
+    ref: JobRef, seq: int, text: str, token_ids: list[int], choice: int = 0, first_output: bool = False
+) -> Publication:
     event = StepDelta(id=ref.request_id, attempt=1, seq=seq, choice=choice, text=text, token_ids=token_ids)
     return Publication(ref, event, first_output)
 
 
 def final(ref: JobRef, seq: int) -> Publication:
-    event = FinalEvent(id=ref.request_id, attempt=1, seq=seq, finish_reason="stop",
-                       usage=Usage(prompt_tokens=1, completion_tokens=1))
+    event = FinalEvent(
+        id=ref.request_id, attempt=1, seq=seq, finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)
+    )
     return Publication(ref, event)
 
 
@@ -94,8 +96,13 @@ def test_an_owner_ahead_of_a_slow_publisher_sends_fewer_events_with_every_token_
     script = ids_of(text)
     sink = SlowSink()
     capacity = Capacity(4)
-    owner = Owner(ScriptedStepper(script, step_delay_s=0.002, counters=WorkerCounters()), TOKENIZER,
-                  OwnerConfig("w", "none", 4, 100, 64), capacity, sink)
+    owner = Owner(
+        ScriptedStepper(script, step_delay_s=0.002, counters=WorkerCounters()),
+        TOKENIZER,
+        OwnerConfig("w", "none", 4, 100, 64),
+        capacity,
+        sink,
+    )
     thread = threading.Thread(target=owner.run)
     thread.start()
     job = spec()

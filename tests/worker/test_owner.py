@@ -59,8 +59,9 @@ class ScriptedStepper:
         return 1
 
     def start(self, payload: LaneStart) -> ScriptedLane:
-        lane = ScriptedLane(self.script, payload.params, list(payload.resumed_ids), payload.num_logprobs,
-                            self.tokens_per_step)
+        lane = ScriptedLane(
+            self.script, payload.params, list(payload.resumed_ids), payload.num_logprobs, self.tokens_per_step
+        )
         self.lanes.append(lane)
         return lane
 
@@ -130,15 +131,30 @@ class OwnerHarness:
 
     def events(self) -> list:
         """The events as they go on the wire (a delta is encoded when its batch goes out)."""
-        return [item.event.event() if isinstance(item.event, StepDelta) else item.event
-                for item in self.items if isinstance(item, Publication)]
+        return [
+            item.event.event() if isinstance(item.event, StepDelta) else item.event
+            for item in self.items
+            if isinstance(item, Publication)
+        ]
 
 
-def spec(output: OutputOptions | None = None, max_tokens: int = 100, n: int = 1,
-         resume: JobState | None = None) -> JobSpec:
+def spec(
+    output: OutputOptions | None = None, max_tokens: int = 100, n: int = 1, resume: JobState | None = None
+) -> JobSpec:
     resume = resume or JobState(worker="w", attempt=1, emitted_token_ids=[])
-    return JobSpec("req-1", "1-0", resume.attempt, "chat", time.time(), time.time() + 60, ids_of("Hi"),
-                   SamplingParams(max_tokens=max_tokens), n, output or OutputOptions(), resume)
+    return JobSpec(
+        "req-1",
+        "1-0",
+        resume.attempt,
+        "chat",
+        time.time(),
+        time.time() + 60,
+        ids_of("Hi"),
+        SamplingParams(max_tokens=max_tokens),
+        n,
+        output or OutputOptions(),
+        resume,
+    )
 
 
 def run_job(stepper: ScriptedStepper, job: JobSpec) -> list:
@@ -186,8 +202,10 @@ def test_tool_call_streamed_in_many_small_deltas_ends_with_finish_reason_tool_ca
     assert events[-1].finish_reason == "tool_calls"
 
 
-TWO_CALLS = ('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
-             '<tool_call>{"name": "b", "arguments": {}}</tool_call> and text')
+TWO_CALLS = (
+    '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+    '<tool_call>{"name": "b", "arguments": {}}</tool_call> and text'
+)
 SINGLE_CALL = OutputOptions(parse_tool_calls=True, single_tool_call=True)
 
 
@@ -239,8 +257,9 @@ def test_a_resumed_job_continues_at_the_next_seq_without_repeating_text():
 
 def test_finished_choices_of_a_resumed_job_are_not_run_again():
     script = ids_of("abc def")
-    resume = JobState(worker="dead", attempt=2, emitted_token_ids=[script, script[:2]], finished_choices=[0],
-                      next_seq=9)
+    resume = JobState(
+        worker="dead", attempt=2, emitted_token_ids=[script, script[:2]], finished_choices=[0], next_seq=9
+    )
     events = run_job(ScriptedStepper(script), spec(n=2, resume=resume))
     assert {e.choice for e in events} == {1}
     assert [e.type for e in events if e.type == "final"] == ["final"]
@@ -292,7 +311,9 @@ def held_run(job: JobSpec, script: list[int], drop_after: int | None = None) -> 
         harness.start(job)
         if drop_after is not None:
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and len(stepper.lanes[0].output_ids if stepper.lanes else []) < drop_after:
+            while (
+                time.monotonic() < deadline and len(stepper.lanes[0].output_ids if stepper.lanes else []) < drop_after
+            ):
                 time.sleep(0.001)
             harness.owner.inbox.put(DropJob("req-1", cancelled=True))
         assert harness.done.wait(10)
@@ -313,10 +334,15 @@ def test_a_plain_lane_is_held_after_its_first_output_until_the_sink_is_due():
     assert events[-1].type == "final" and events[-1].usage.completion_tokens == len(script)
 
 
-@pytest.mark.parametrize("output", [OutputOptions(stop=("lazy cat",)),
-                                    OutputOptions(reasoning=ReasoningOptions(budget=100, close_ids=(1,))),
-                                    SINGLE_CALL],
-                         ids=["stop strings", "reasoning budget", "one tool call"])
+@pytest.mark.parametrize(
+    "output",
+    [
+        OutputOptions(stop=("lazy cat",)),
+        OutputOptions(reasoning=ReasoningOptions(budget=100, close_ids=(1,))),
+        SINGLE_CALL,
+    ],
+    ids=["stop strings", "reasoning budget", "one tool call"],
+)
 def test_lanes_that_decide_on_their_text_are_never_held(output):
     script = ids_of("The quick brown fox jumps over the lazy dog.")
     events = held_run(spec(output), script).events()

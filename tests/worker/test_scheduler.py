@@ -89,7 +89,13 @@ def test_long_prompt_is_prefilled_in_chunks_while_the_other_lane_keeps_decoding(
     scheduler.submit(request(FakeLane("B", 11, 1)))
     run(scheduler)
     assert steps_of(stepper.log)[:7] == [
-        "A:decode", "B:prefill:4", "A:decode", "B:prefill:4", "A:decode", "B:prefill:3", "A:decode",
+        "A:decode",
+        "B:prefill:4",
+        "A:decode",
+        "B:prefill:4",
+        "A:decode",
+        "B:prefill:3",
+        "A:decode",
     ]
 
 
@@ -128,8 +134,9 @@ def test_a_lane_larger_than_the_memory_budget_is_refused():
 def test_cancellation_is_checked_before_every_step():
     cancelled: set[str] = set()
     stepper = FakeStepper()
-    scheduler = Scheduler(stepper, SchedulerConfig(max_lanes=2, max_kv_bytes=10),
-                          is_cancelled=lambda key: key[0] in cancelled)
+    scheduler = Scheduler(
+        stepper, SchedulerConfig(max_lanes=2, max_kv_bytes=10), is_cancelled=lambda key: key[0] in cancelled
+    )
     scheduler.submit(request(FakeLane("A", 0, 100)))
     scheduler.submit(request(FakeLane("B", 0, 100)))
     scheduler.step(), scheduler.step()
@@ -143,8 +150,9 @@ def test_cancellation_is_checked_before_every_step():
 def test_a_cancelled_waiting_lane_is_dropped_without_starting():
     cancelled = {"B"}
     stepper = FakeStepper()
-    scheduler = Scheduler(stepper, SchedulerConfig(max_lanes=1, max_kv_bytes=10),
-                          is_cancelled=lambda key: key[0] in cancelled)
+    scheduler = Scheduler(
+        stepper, SchedulerConfig(max_lanes=1, max_kv_bytes=10), is_cancelled=lambda key: key[0] in cancelled
+    )
     scheduler.submit(request(FakeLane("A", 0, 5)))
     scheduler.submit(request(FakeLane("B", 0, 5)))
     results = run(scheduler)

@@ -17,8 +17,9 @@ def delta(seq: int, text: str = "", **fields) -> StepDelta:
 
 
 def call(index: int, arguments: str | None = None, name: str | None = None, id: str | None = None) -> ToolCallDelta:
-    return ToolCallDelta(index=index, id=id, type="function" if id else None,
-                         function=FunctionDelta(name=name, arguments=arguments))
+    return ToolCallDelta(
+        index=index, id=id, type="function" if id else None, function=FunctionDelta(name=name, arguments=arguments)
+    )
 
 
 def test_an_absorbed_delta_carries_both_in_order_at_the_first_seq() -> None:
@@ -32,10 +33,17 @@ def test_an_absorbed_delta_carries_both_in_order_at_the_first_seq() -> None:
     assert first.event() == DeltaEvent(id="r", attempt=1, seq=4, text="Hello", reasoning="ab", token_ids=[1, 2, 3])
 
 
-@given(st.lists(st.tuples(st.text(max_size=5), st.text(max_size=5), st.lists(st.integers(0, 99), max_size=3)),
-                min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=5), st.text(max_size=5), st.lists(st.integers(0, 99), max_size=3)),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_absorbing_a_run_of_deltas_loses_and_repeats_nothing(parts: list[tuple[str, str, list[int]]]) -> None:
-    deltas = [delta(i, text, reasoning=reasoning, token_ids=list(ids)) for i, (text, reasoning, ids) in enumerate(parts)]
+    deltas = [
+        delta(i, text, reasoning=reasoning, token_ids=list(ids)) for i, (text, reasoning, ids) in enumerate(parts)
+    ]
 
     merged = deltas[0]
     for later in deltas[1:]:
@@ -77,12 +85,21 @@ def test_tool_call_fragments_join_the_call_they_continue() -> None:
     assert json.loads(calls[0].function.arguments) == {"q": 1}
 
 
-@given(st.text(), st.text(), st.lists(st.integers(0, 2**31 - 1), max_size=4), st.text(min_size=1, max_size=40),
-       st.integers(0, 10**6), st.integers(0, 10**9), st.integers(0, 8))
-def test_its_json_is_the_wire_events_byte_for_byte(text: str, reasoning: str, token_ids: list[int], request_id: str,
-                                                   attempt: int, seq: int, choice: int) -> None:
-    step = StepDelta(id=request_id, attempt=attempt, seq=seq, choice=choice, text=text, reasoning=reasoning,
-                     token_ids=token_ids)
+@given(
+    st.text(),
+    st.text(),
+    st.lists(st.integers(0, 2**31 - 1), max_size=4),
+    st.text(min_size=1, max_size=40),
+    st.integers(0, 10**6),
+    st.integers(0, 10**9),
+    st.integers(0, 8),
+)
+def test_its_json_is_the_wire_events_byte_for_byte(
+    text: str, reasoning: str, token_ids: list[int], request_id: str, attempt: int, seq: int, choice: int
+) -> None:
+    step = StepDelta(
+        id=request_id, attempt=attempt, seq=seq, choice=choice, text=text, reasoning=reasoning, token_ids=token_ids
+    )
 
     assert step.to_json() == encode_event(step.event())
     assert parse_event(step.to_json()) == step.event()

@@ -12,12 +12,31 @@ def test_flags_override_the_environment(monkeypatch):
     monkeypatch.setenv("ARBOR_MAX_LANES", "3")
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:7777/0")
     monkeypatch.setenv("ARBOR_STREAM_INTERVAL", "3")
-    args = build_parser().parse_args(["worker", "--max-lanes", "5", "--model", "/models/qwen", "--worker-id", "w9",
-                                      "--prefill-cache-bytes", "0", "--max-context", "1024", "--stream-interval", "2"])
+    args = build_parser().parse_args(
+        [
+            "worker",
+            "--max-lanes",
+            "5",
+            "--model",
+            "/models/qwen",
+            "--worker-id",
+            "w9",
+            "--prefill-cache-bytes",
+            "0",
+            "--max-context",
+            "1024",
+            "--stream-interval",
+            "2",
+        ]
+    )
     settings = worker_settings(args)
     assert (settings.max_lanes, settings.speculation, settings.redis_url) == (5, "ngram", "redis://127.0.0.1:7777/0")
     assert (settings.model, settings.worker_id, settings.prefill_cache_bytes, settings.max_context) == (
-        "/models/qwen", "w9", 0, 1024)
+        "/models/qwen",
+        "w9",
+        0,
+        1024,
+    )
     config = ServiceConfig.from_settings(settings)
     assert (config.model_name, config.stream, config.max_lanes) == ("qwen", "arbor:requests:qwen", 5)
     assert config.stream_interval == 2

@@ -25,9 +25,31 @@ State = tuple[int, str, int]
 
 MAX_WHITESPACE = 16  # longest whitespace run between tokens: room for pretty-printing, not for padding
 
-(START, OBJECT_FIRST, OBJECT_NEXT, COLON, VALUE, ARRAY_FIRST, AFTER_VALUE, KEY_STRING, VALUE_STRING,
- KEY_ESCAPE, VALUE_ESCAPE, KEY_HEX, VALUE_HEX, LITERAL, NUM_MINUS, NUM_ZERO, NUM_INT, NUM_DOT, NUM_FRAC,
- NUM_E, NUM_E_SIGN, NUM_EXP, DONE) = range(23)
+(
+    START,
+    OBJECT_FIRST,
+    OBJECT_NEXT,
+    COLON,
+    VALUE,
+    ARRAY_FIRST,
+    AFTER_VALUE,
+    KEY_STRING,
+    VALUE_STRING,
+    KEY_ESCAPE,
+    VALUE_ESCAPE,
+    KEY_HEX,
+    VALUE_HEX,
+    LITERAL,
+    NUM_MINUS,
+    NUM_ZERO,
+    NUM_INT,
+    NUM_DOT,
+    NUM_FRAC,
+    NUM_E,
+    NUM_E_SIGN,
+    NUM_EXP,
+    DONE,
+) = range(23)
 
 STRING_MODES = frozenset({KEY_STRING, VALUE_STRING})
 _WHITESPACE = frozenset(b" \t\n\r")
@@ -123,6 +145,7 @@ def _escape(mode: int):
         if byte in _ESCAPED:
             return (mode, stack, 0)
         return (mode + 4, stack, 4) if byte == ord("u") else None  # KEY_HEX / VALUE_HEX, 4 digits to go
+
     return escape
 
 
@@ -131,6 +154,7 @@ def _hex(mode: int):
         if byte not in _HEX:
             return None
         return (mode, stack, 0) if aux == 1 else (mode + 4, stack, aux - 1)
+
     return hex_digit
 
 
@@ -145,6 +169,7 @@ def _literal(stack: str, aux: int, byte: int) -> State | None:
 def _number(continuations: dict[int, int], digits_to: int | None, may_end: bool):
     """A number mode: `continuations` maps bytes to the next mode, digits go to `digits_to`; where
     the number may end, any other byte is read as the byte after a value."""
+
     def number(stack: str, aux: int, byte: int) -> State | None:
         following = continuations.get(byte)
         if following is not None:
@@ -154,15 +179,24 @@ def _number(continuations: dict[int, int], digits_to: int | None, may_end: bool)
         if not may_end:
             return None
         return step(_after_value(stack), byte)
+
     return number
 
 
 _EXPONENT = {ord("e"): NUM_E, ord("E"): NUM_E}
 _STEPS = {
-    START: _start, OBJECT_FIRST: _object_first, OBJECT_NEXT: _object_next, COLON: _colon, VALUE: _value,
-    ARRAY_FIRST: _array_first, AFTER_VALUE: _after,
-    KEY_ESCAPE: _escape(KEY_STRING), VALUE_ESCAPE: _escape(VALUE_STRING),
-    KEY_HEX: _hex(KEY_STRING), VALUE_HEX: _hex(VALUE_STRING), LITERAL: _literal,
+    START: _start,
+    OBJECT_FIRST: _object_first,
+    OBJECT_NEXT: _object_next,
+    COLON: _colon,
+    VALUE: _value,
+    ARRAY_FIRST: _array_first,
+    AFTER_VALUE: _after,
+    KEY_ESCAPE: _escape(KEY_STRING),
+    VALUE_ESCAPE: _escape(VALUE_STRING),
+    KEY_HEX: _hex(KEY_STRING),
+    VALUE_HEX: _hex(VALUE_STRING),
+    LITERAL: _literal,
     NUM_MINUS: _number({ord("0"): NUM_ZERO}, NUM_INT, may_end=False),  # "-0" and "-5" both start here
     NUM_ZERO: _number({ord("."): NUM_DOT, **_EXPONENT}, None, may_end=True),  # no leading zeros
     NUM_INT: _number({ord("."): NUM_DOT, **_EXPONENT}, NUM_INT, may_end=True),

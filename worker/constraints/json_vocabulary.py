@@ -45,7 +45,7 @@ class _SortedTokens:
         while index < len(tokens):
             token = tokens[index]
             depth = _common_prefix_length(previous, token)
-            del states[depth + 1:]
+            del states[depth + 1 :]
             while depth < len(token):
                 following = step(states[depth], token[depth])
                 if following is None:
@@ -83,7 +83,7 @@ class JsonVocabulary:
         """The part of `state` that `allowed_ids` depends on: the containers a token can close,
         and the one around them (what a comma after them means, or that none is left)."""
         mode, stack, aux = state
-        return (mode, stack[-(self.max_closers + 1):], aux)
+        return (mode, stack[-(self.max_closers + 1) :], aux)
 
 
 def byte_level_token_bytes(tokenizer: tokenizers.Tokenizer) -> list[bytes | None]:
@@ -91,8 +91,10 @@ def byte_level_token_bytes(tokenizer: tokenizers.Tokenizer) -> list[bytes | None
     its vocabulary spells every byte as one printable character. Added tokens map to None."""
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
     if decoder.get("type") != "ByteLevel":
-        raise UnsupportedVocabulary("response_format json_object needs a byte-level BPE tokenizer; this model's "
-                                    f"decoder is {decoder.get('type')!r}")
+        raise UnsupportedVocabulary(
+            "response_format json_object needs a byte-level BPE tokenizer; this model's "
+            f"decoder is {decoder.get('type')!r}"
+        )
     byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
     added = set(tokenizer.get_added_tokens_decoder())
     token_bytes: list[bytes | None] = []

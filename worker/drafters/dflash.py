@@ -31,13 +31,13 @@ import torch
 from torch import nn
 
 from worker.drafters.base import DrafterError, TargetStates
-from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.drafters.draft_checkpoint import (
     DraftCheckpoint,
     bundled_drafter_path,
     load_weights,
     read_draft_checkpoint,
 )
+from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.engine.sequence import Sequence
 from worker.models.checkpoint import CheckpointError
 from worker.models.config import ModelConfig
@@ -69,8 +69,15 @@ class DFlashLayer(DecoderLayer):
         v = attn.v_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)
         return apply_rotary(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_keys: torch.Tensor,
-                layer_values: torch.Tensor, start: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer_keys: torch.Tensor,
+        layer_values: torch.Tensor,
+        start: int,
+    ) -> torch.Tensor:
         """The block x [T, hidden] at positions start.., attending to cached slots [0, start) and itself."""
         attn = self.self_attn
         h = self.input_layernorm(x)
@@ -106,9 +113,18 @@ class DFlashDrafter:
     hidden_layers: tuple[int, ...]
     wants_final_hidden = False
 
-    def __init__(self, model: DFlashModel, config: ModelConfig, spec: DFlashSpec, embed_tokens: nn.Embedding,
-                 lm_head: nn.Linear, num_draft: int, tree_budget: int | None = None, tree_top_k: int = 4,
-                 draft_vocab: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model: DFlashModel,
+        config: ModelConfig,
+        spec: DFlashSpec,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear,
+        num_draft: int,
+        tree_budget: int | None = None,
+        tree_top_k: int = 4,
+        draft_vocab: torch.Tensor | None = None,
+    ):
         self.model, self.config, self.spec = model, config, spec
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
@@ -200,9 +216,15 @@ def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -
     load_weights(drafter_model, checkpoint.tensors, "", checkpoint.source, decoder.dtype, decoder.device)
     drafter_model.requires_grad_(False)
     return DFlashDrafter(
-        drafter_model, config, spec, decoder.model.embed_tokens, decoder.lm_head,
+        drafter_model,
+        config,
+        spec,
+        decoder.model.embed_tokens,
+        decoder.lm_head,
         num_draft=options.num_draft or spec.block_size - 1,
-        tree_budget=options.tree_budget if tree else None, tree_top_k=options.tree_top_k, draft_vocab=draft_vocab,
+        tree_budget=options.tree_budget if tree else None,
+        tree_top_k=options.tree_top_k,
+        draft_vocab=draft_vocab,
     )
 
 
@@ -230,28 +252,35 @@ def parse_dflash_spec(checkpoint: DraftCheckpoint, target: ModelConfig) -> DFlas
         raise DrafterError(f"{source}: block_size={block_size!r} must be an integer >= 2")
     mask_token_id = dflash.get("mask_token_id")
     if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.vocab_size:
-        raise DrafterError(f"{source}: dflash_config.mask_token_id={mask_token_id!r} must be a token id "
-                           f"below the target's vocab_size={target.vocab_size}")
+        raise DrafterError(
+            f"{source}: dflash_config.mask_token_id={mask_token_id!r} must be a token id "
+            f"below the target's vocab_size={target.vocab_size}"
+        )
     return DFlashSpec(block_size, mask_token_id, _target_layer_ids(dflash, target, source))
 
 
 def _target_layer_ids(dflash: dict, target: ModelConfig, source: str) -> tuple[int, ...]:
     ids = dflash.get("target_layer_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-        raise DrafterError(f"{source}: dflash_config.target_layer_ids={ids!r} must be a non-empty list "
-                           f"of layer indices")
+        raise DrafterError(
+            f"{source}: dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer indices"
+        )
     bad = [i for i in ids if not 0 <= i < target.num_hidden_layers]
     if bad:
-        raise DrafterError(f"{source}: dflash_config.target_layer_ids has {bad[0]}, outside the target's "
-                           f"{target.num_hidden_layers} layers (0..{target.num_hidden_layers - 1})")
+        raise DrafterError(
+            f"{source}: dflash_config.target_layer_ids has {bad[0]}, outside the target's "
+            f"{target.num_hidden_layers} layers (0..{target.num_hidden_layers - 1})"
+        )
     return tuple(ids)
 
 
 def _draft_model_config(checkpoint: DraftCheckpoint, target: ModelConfig) -> ModelConfig:
     raw, source = checkpoint.config, checkpoint.source
     if raw.get("hidden_size") != target.hidden_size:
-        raise DrafterError(f"{source}: hidden_size={raw.get('hidden_size')!r} does not match the target's "
-                           f"hidden_size={target.hidden_size}")
+        raise DrafterError(
+            f"{source}: hidden_size={raw.get('hidden_size')!r} does not match the target's "
+            f"hidden_size={target.hidden_size}"
+        )
     layer_types = set(raw.get("layer_types") or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise DrafterError(f"{source}: layer_types={sorted(layer_types)} is not supported (only full_attention)")

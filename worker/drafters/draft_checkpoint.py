@@ -80,8 +80,14 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise DrafterError(f"{path} is not a readable safetensors file: {error}") from error
 
 
-def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], prefix: str, source: str,
-                 dtype: torch.dtype, device: torch.device) -> None:
+def load_weights(
+    module: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    prefix: str,
+    source: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
     """Fill `module` (built on the meta device) from `tensors[prefix + name]`, checking names and shapes.
 
     Extra tensors under `prefix` are refused too: they mean a variant this code does not run
@@ -94,10 +100,11 @@ def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], prefix: st
         if tensor is None:
             raise DrafterError(f"{source}: tensor {prefix + name} is missing")
         if tuple(tensor.shape) != tuple(meta.shape):
-            raise DrafterError(f"{source}: tensor {prefix + name} has shape {tuple(tensor.shape)}, "
-                               f"expected {tuple(meta.shape)}")
+            raise DrafterError(
+                f"{source}: tensor {prefix + name} has shape {tuple(tensor.shape)}, expected {tuple(meta.shape)}"
+            )
         state[name] = tensor.to(device=device, dtype=dtype)
-    unexpected = sorted(name for name in tensors if name.startswith(prefix) and name[len(prefix):] not in expected)
+    unexpected = sorted(name for name in tensors if name.startswith(prefix) and name[len(prefix) :] not in expected)
     if unexpected:
         raise DrafterError(f"{source}: unexpected tensor {unexpected[0]} (this drafter format is not supported)")
     module.load_state_dict(state, assign=True)

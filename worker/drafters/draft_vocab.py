@@ -56,8 +56,9 @@ def read_draft_vocabulary(folder: Path, target_vocab_size: int) -> torch.Tensor 
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise DrafterError(f"{path}: expected a JSON object with a token_ids list ({error})") from error
     if not token_ids or not all(isinstance(t, int) and 0 <= t < target_vocab_size for t in token_ids):
-        raise DrafterError(f"{path}: token_ids must be a non-empty list of token ids below the target's "
-                           f"vocab_size={target_vocab_size}")
+        raise DrafterError(
+            f"{path}: token_ids must be a non-empty list of token ids below the target's vocab_size={target_vocab_size}"
+        )
     if len(set(token_ids)) != len(token_ids):
         raise DrafterError(f"{path}: token_ids has duplicates")
     return torch.tensor(token_ids, dtype=torch.int64)

@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from worker.drafters.base import DrafterError, TargetStates
-from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.drafters.draft_checkpoint import (
     DraftCheckpoint,
     bundled_drafter_path,
     load_weights,
     read_draft_checkpoint,
 )
+from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.engine.sequence import Sequence
 from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, RMSNorm
@@ -82,9 +82,16 @@ class MtpState:
 class MtpDrafter:
     name = "mtp"
 
-    def __init__(self, head: MtpHead, target_config: ModelConfig, embed_tokens: nn.Embedding,
-                 lm_head: nn.Linear, hidden_source: str, num_draft: int = DEFAULT_NUM_DRAFT,
-                 draft_vocab: torch.Tensor | None = None):
+    def __init__(
+        self,
+        head: MtpHead,
+        target_config: ModelConfig,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear,
+        hidden_source: str,
+        num_draft: int = DEFAULT_NUM_DRAFT,
+        draft_vocab: torch.Tensor | None = None,
+    ):
         assert hidden_source in HIDDEN_SOURCES, hidden_source
         self.head, self.embed_tokens, self.lm_head = head, embed_tokens, lm_head
         self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
@@ -145,8 +152,11 @@ class MtpDrafter:
         assert 0 < num_tokens <= state.num_observed, (num_tokens, state.num_observed)
         weight = self.lm_head.weight
         num_pairs = num_tokens - 1
-        snapshot = MtpState(KVCache(self.cache_config, max(num_pairs, 1), weight.dtype, weight.device),
-                            state.target_hidden[:num_tokens].clone(), num_observed=num_tokens)
+        snapshot = MtpState(
+            KVCache(self.cache_config, max(num_pairs, 1), weight.dtype, weight.device),
+            state.target_hidden[:num_tokens].clone(),
+            num_observed=num_tokens,
+        )
         snapshot.cache.load_prefix(state.cache.keys[:, :, :num_pairs], state.cache.values[:, :, :num_pairs])
         return snapshot
 
@@ -205,8 +215,15 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
     head.requires_grad_(False)
     source = _hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
-    return MtpDrafter(head, config, decoder.model.embed_tokens, decoder.lm_head, source,
-                      options.num_draft or DEFAULT_NUM_DRAFT, draft_vocab)
+    return MtpDrafter(
+        head,
+        config,
+        decoder.model.embed_tokens,
+        decoder.lm_head,
+        source,
+        options.num_draft or DEFAULT_NUM_DRAFT,
+        draft_vocab,
+    )
 
 
 def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
@@ -222,7 +239,7 @@ def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
 
     for path in folder.glob("*.safetensors"):
         with safe_open(str(path), framework="pt") as handle:
-            if any(name.startswith(MTP_PREFIX) for name in handle.keys()):
+            if any(name.startswith(MTP_PREFIX) for name in handle):
                 return True
     return False
 
@@ -248,8 +265,9 @@ def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpo
 def _check_hidden_size(checkpoint: DraftCheckpoint, config: ModelConfig) -> None:
     size = checkpoint.config.get("hidden_size")
     if size is not None and size != config.hidden_size:
-        raise DrafterError(f"{checkpoint.source}: hidden_size={size} does not match the target's "
-                           f"hidden_size={config.hidden_size}")
+        raise DrafterError(
+            f"{checkpoint.source}: hidden_size={size} does not match the target's hidden_size={config.hidden_size}"
+        )
 
 
 def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig) -> str:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import get_args
 
 from shared.settings import Speculation
-
 from worker.drafters.base import Drafter, DrafterError
 from worker.drafters.prompt_lookup import PromptLookupDrafter
 from worker.models.loader import LoadedModel

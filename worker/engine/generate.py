@@ -22,8 +22,13 @@ class GenerationResult:
     stats: SpecStats
 
 
-def generate(runner: ModelRunner, tokenizer: tokenizers.Tokenizer, prompt_ids: list[int],
-             params: SamplingParams, request_id: str = "generate") -> GenerationResult:
+def generate(
+    runner: ModelRunner,
+    tokenizer: tokenizers.Tokenizer,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    request_id: str = "generate",
+) -> GenerationResult:
     sequence = runner.start(request_id, prompt_ids, params)
     text_output = TextOutput(tokenizer, params.stop, prompt_ids, min_tokens=params.min_tokens)
     pieces: list[str] = []

@@ -33,8 +33,13 @@ MAX_CACHED_MASKS = 256  # of vocab_size bools each: 12 MB for a 49k vocabulary
 
 
 class JsonMasks:
-    def __init__(self, token_bytes: Callable[[], list[bytes | None]], vocab_size: int, eos_ids: Collection[int],
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        token_bytes: Callable[[], list[bytes | None]],
+        vocab_size: int,
+        eos_ids: Collection[int],
+        device: torch.device | str = "cpu",
+    ):
         self._token_bytes_source = token_bytes
         self._vocab_size = vocab_size  # the logits' width: the model's, which may exceed the tokenizer's
         self._device = device  # the logits': a cached mask is not copied to the GPU at every step
@@ -47,8 +52,12 @@ class JsonMasks:
     @classmethod
     def for_model(cls, model: LoadedModel) -> JsonMasks:
         """The masks of a loaded model: its tokenizer's bytes, its logits' width, EOS and device."""
-        return cls(partial(byte_level_token_bytes, model.tokenizer), model.config.vocab_size,
-                   model.checkpoint.eos_token_ids, model.decoder.device)
+        return cls(
+            partial(byte_level_token_bytes, model.tokenizer),
+            model.config.vocab_size,
+            model.checkpoint.eos_token_ids,
+            model.decoder.device,
+        )
 
     @property
     def prepared(self) -> bool:

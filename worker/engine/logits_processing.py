@@ -113,12 +113,18 @@ def changes_greedy_choice(params: SamplingParams) -> bool:
     """Whether processing can move the argmax, i.e. a greedy token is not simply the raw logits'
     argmax (temperature and top-k/p/min-p masks cannot; bias, penalties and JSON mode's mask can).
     min_tokens can too, but only while the sequence is short: the caller checks that."""
-    return bool(params.logit_bias) or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 \
-        or params.frequency_penalty != 0.0 or params.json_object
+    return (
+        bool(params.logit_bias)
+        or params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+        or params.json_object
+    )
 
 
-def _apply_min_tokens(logits: torch.Tensor, min_tokens: int, output_ids: Sequence[Sequence[int]],
-                      stop_ids: Collection[int]) -> None:  # logits [N, V], in place
+def _apply_min_tokens(
+    logits: torch.Tensor, min_tokens: int, output_ids: Sequence[Sequence[int]], stop_ids: Collection[int]
+) -> None:  # logits [N, V], in place
     short = [row for row, ids in enumerate(output_ids) if len(ids) < min_tokens]
     if not short or not stop_ids:
         return
@@ -164,7 +170,7 @@ def _output_counts(output_ids: Sequence[Sequence[int]], logits: torch.Tensor) ->
     flat_ids = torch.tensor([t for ids in output_ids for t in ids], dtype=torch.long, device=logits.device)
     if flat_ids.numel() == 0:
         return counts
-    assert 0 <= int(flat_ids.min()) and int(flat_ids.max()) < logits.shape[1], "output token id out of vocab"
+    assert int(flat_ids.min()) >= 0 and int(flat_ids.max()) < logits.shape[1], "output token id out of vocab"
     rows = torch.repeat_interleave(torch.arange(len(output_ids), device=logits.device), lengths)  # [total]
     counts.index_put_((rows, flat_ids), torch.ones_like(flat_ids, dtype=logits.dtype), accumulate=True)
     return counts

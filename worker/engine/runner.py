@@ -34,13 +34,20 @@ class NoJsonMode(ValueError):
 
 
 class ModelRunner:
-    def __init__(self, decoder: Decoder, eos_token_ids: Seq[int], drafter: Drafter | None = None,
-                 max_context: int | None = None, max_draft_nodes: int = 16):
+    def __init__(
+        self,
+        decoder: Decoder,
+        eos_token_ids: Seq[int],
+        drafter: Drafter | None = None,
+        max_context: int | None = None,
+        max_draft_nodes: int = 16,
+    ):
         self.decoder = decoder
         self.eos_token_ids = frozenset(eos_token_ids)
         self.drafter = drafter
-        self.max_context = min(max_context or decoder.config.max_position_embeddings,
-                               decoder.config.max_position_embeddings)
+        self.max_context = min(
+            max_context or decoder.config.max_position_embeddings, decoder.config.max_position_embeddings
+        )
         self.max_draft_nodes = max_draft_nodes  # scratch slots a verification may need past the context
         # Called after each decode step with the raw logits rows [num_emitted, vocab] that chose the
         # emitted tokens (logprobs for the serving side); None costs nothing.
@@ -61,14 +68,22 @@ class ModelRunner:
                 f"{num_prompt_tokens} prompt tokens and max_tokens={max_tokens}"
             )
 
-    def start(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-              resumed_ids: Seq[int] = ()) -> Sequence:
+    def start(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, resumed_ids: Seq[int] = ()
+    ) -> Sequence:
         """A new sequence; `resumed_ids` are tokens already emitted for it (by a worker that died)."""
         self.check_fits(len(prompt_ids), params.max_tokens)
         capacity = len(prompt_ids) + params.max_tokens + self.max_draft_nodes + 1
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        sequence = Sequence(request_id, list(prompt_ids), params, self.decoder.new_cache(capacity),
-                            make_generator(params.seed), output_ids=list(resumed_ids), stop_ids=stop_ids)
+        sequence = Sequence(
+            request_id,
+            list(prompt_ids),
+            params,
+            self.decoder.new_cache(capacity),
+            make_generator(params.seed),
+            output_ids=list(resumed_ids),
+            stop_ids=stop_ids,
+        )
         if params.json_object:
             if self.json_masks is None:
                 raise NoJsonMode("JSON mode needs the model's tokenizer: load it with worker.serving_model")
@@ -114,8 +129,9 @@ class ModelRunner:
         stats.verify_s += time.perf_counter() - drafted
         return emitted
 
-    def attach_prefix(self, sequence: Sequence, keys: torch.Tensor, values: torch.Tensor,
-                      drafter_snapshot: Any) -> None:
+    def attach_prefix(
+        self, sequence: Sequence, keys: torch.Tensor, values: torch.Tensor, drafter_snapshot: Any
+    ) -> None:
         """Continue a fresh sequence from a cached prefix: the target's K/V for its first n tokens
         ([layers, kv_heads, n, head_dim] each) and the drafter's snapshot of the same n tokens."""
         num_tokens = keys.shape[2]
@@ -143,17 +159,34 @@ class ModelRunner:
         assert tree.num_nodes <= self.max_draft_nodes, (tree.num_nodes, self.max_draft_nodes)
         return tree
 
-    def _forward(self, token_ids: torch.Tensor, positions: torch.Tensor, sequence: Sequence,
-                 mask: torch.Tensor | None, num_logits: int | None) -> ForwardOutput:
+    def _forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        sequence: Sequence,
+        mask: torch.Tensor | None,
+        num_logits: int | None,
+    ) -> ForwardOutput:
         drafter = self.drafter
         return self.decoder(
-            token_ids, positions, sequence.cache, tree_mask=mask,
+            token_ids,
+            positions,
+            sequence.cache,
+            tree_mask=mask,
             hidden_layers=drafter.hidden_layers if drafter else (),
-            want_final_hidden=bool(drafter and drafter.wants_final_hidden), num_logits=num_logits,
+            want_final_hidden=bool(drafter and drafter.wants_final_hidden),
+            num_logits=num_logits,
         )
 
-    def _observe(self, sequence: Sequence, token_ids: list[int], start: int, out: ForwardOutput,
-                 rows: list[int] | None, next_token: int | None = None) -> None:
+    def _observe(
+        self,
+        sequence: Sequence,
+        token_ids: list[int],
+        start: int,
+        out: ForwardOutput,
+        rows: list[int] | None,
+        next_token: int | None = None,
+    ) -> None:
         """Hand the drafter the target states of the tokens just committed (rows of this forward)."""
         if self.drafter is None or sequence.finished:
             return

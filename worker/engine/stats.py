@@ -48,8 +48,17 @@ class SpecStats:
             self.accepted_per_depth[depth] += 1
 
     def merge(self, other: SpecStats) -> None:
-        for name in ("target_forwards", "drafts", "draft_tokens", "accepted_tokens", "generated_tokens",
-                     "prefill_tokens", "prefill_s", "draft_s", "verify_s"):
+        for name in (
+            "target_forwards",
+            "drafts",
+            "draft_tokens",
+            "accepted_tokens",
+            "generated_tokens",
+            "prefill_tokens",
+            "prefill_s",
+            "draft_s",
+            "verify_s",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for depth, count in enumerate(other.accepted_per_depth):
             if depth < len(self.accepted_per_depth):

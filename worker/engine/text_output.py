@@ -11,8 +11,14 @@ from worker.engine.stop_strings import StopStringMatcher
 
 
 class TextOutput:
-    def __init__(self, tokenizer: tokenizers.Tokenizer, stop: Sequence[str], prompt_ids: Sequence[int] = (),
-                 include_stop: bool = False, min_tokens: int = 0):
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        stop: Sequence[str],
+        prompt_ids: Sequence[int] = (),
+        include_stop: bool = False,
+        min_tokens: int = 0,
+    ):
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopStringMatcher(stop, include_stop)
         self._unchecked_tokens = min_tokens  # vLLM's min_tokens: stop strings count only after these

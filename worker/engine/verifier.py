@@ -46,11 +46,14 @@ def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor) -> Verdict
         return Verdict(accepted, emitted)
 
     def next_token_at(node: int) -> int:
-        history = sequence.output_ids + [tree.tokens[i] for i in tree.path_to(node)] if node != ROOT else sequence.output_ids
+        history = (
+            sequence.output_ids + [tree.tokens[i] for i in tree.path_to(node)] if node != ROOT else sequence.output_ids
+        )
         constraint = sequence.constraint
         allowed = None if constraint is None else constraint.mask(history, len(sequence.output_ids))
-        row = process_logits(logits[node + 1 : node + 2], params, sequence.prompt_ids, [history], sequence.stop_ids,
-                             allowed)[0]
+        row = process_logits(
+            logits[node + 1 : node + 2], params, sequence.prompt_ids, [history], sequence.stop_ids, allowed
+        )[0]
         return greedy_token(row) if params.greedy else sample_from(row, sequence.generator)
 
     accepted, emitted = walk(tree, next_token_at)

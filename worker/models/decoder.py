@@ -50,8 +50,16 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_keys: torch.Tensor,
-                layer_values: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer_keys: torch.Tensor,
+        layer_values: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -67,8 +75,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
 
 
-def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask: torch.Tensor | None) -> torch.Tensor:
+def grouped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """Grouped-query attention without copying K/V per head.
 
     q: [heads, T, d]; keys/values: [kv_heads, S, d] (strided views into the cache); mask: [T, S] bool

@@ -24,7 +24,9 @@ def load_hf_checkpoint(folder: Path) -> Checkpoint:
         tokenizer=tokenizer,
         chat_template=_chat_template(folder, tokenizer_config),
         eos_token_ids=_eos_token_ids(config, generation_config, tokenizer, special_tokens),
-        bos_token_id=_token_id(tokenizer, special_tokens.get("bos_token")) if "bos_token" in special_tokens else config.get("bos_token_id"),
+        bos_token_id=_token_id(tokenizer, special_tokens.get("bos_token"))
+        if "bos_token" in special_tokens
+        else config.get("bos_token_id"),
         add_bos_token=bool(tokenizer_config.get("add_bos_token", False)),
         special_tokens=special_tokens,
         source=str(folder),
@@ -91,8 +93,9 @@ def _token_id(tokenizer: tokenizers.Tokenizer, token: str | None) -> int | None:
     return None if token is None else tokenizer.token_to_id(token)
 
 
-def _eos_token_ids(config: dict, generation_config: dict, tokenizer: tokenizers.Tokenizer,
-                   special_tokens: dict[str, str]) -> list[int]:
+def _eos_token_ids(
+    config: dict, generation_config: dict, tokenizer: tokenizers.Tokenizer, special_tokens: dict[str, str]
+) -> list[int]:
     """generation_config.json wins (it lists every end-of-turn id); config.json and the tokenizer follow."""
     for source in (generation_config.get("eos_token_id"), config.get("eos_token_id")):
         if source is not None:

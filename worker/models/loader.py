@@ -52,8 +52,12 @@ def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None) -> C
     raise CheckpointError(f"model path {path} is neither a Hugging Face folder nor a .gguf file")
 
 
-def load_model(path: str | Path | None = None, dtype: str | torch.dtype = torch.float32,
-               device: str = "cpu", cache_dir: Path | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path | None = None,
+    dtype: str | torch.dtype = torch.float32,
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
     checkpoint = read_checkpoint(path, cache_dir)
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     config = ModelConfig.from_hf(checkpoint.config)
@@ -69,8 +73,9 @@ def _model_name(path: str | Path | None, source: str) -> str:
     return DEFAULT_MODEL_NAME if path is None else served_model_name(source)
 
 
-def build_decoder(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                  device: str = "cpu") -> Decoder:
+def build_decoder(
+    config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: str = "cpu"
+) -> Decoder:
     with torch.device("meta"):
         decoder = Decoder(config)
     expected = decoder.state_dict()

@@ -24,8 +24,7 @@ class DraftTree:
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.parents) == len(self.depths):
             raise ValueError(
-                f"tokens, parents, depths differ in length: "
-                f"{len(self.tokens)}, {len(self.parents)}, {len(self.depths)}"
+                f"tokens, parents, depths differ in length: {len(self.tokens)}, {len(self.parents)}, {len(self.depths)}"
             )
         self._child_index = {}
         for i, (token, parent, depth) in enumerate(zip(self.tokens, self.parents, self.depths)):

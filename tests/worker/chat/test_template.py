@@ -184,7 +184,10 @@ def test_raise_exception_becomes_chat_template_error() -> None:
     source = _template_source("llama3_1.jinja")
     two_calls = [
         {"role": "user", "content": "Weather in Oslo and Rome?"},
-        {"role": "assistant", "tool_calls": [_call("get_weather", {"city": "Oslo"}), _call("get_weather", {"city": "Rome"})]},
+        {
+            "role": "assistant",
+            "tool_calls": [_call("get_weather", {"city": "Oslo"}), _call("get_weather", {"city": "Rome"})],
+        },
     ]
     with pytest.raises(Exception, match="single tool-calls"):  # transformers raises jinja2's TemplateError
         _hf_tokenizer(source, LLAMA_TOKENS).apply_chat_template(two_calls, tokenize=False)
@@ -197,7 +200,11 @@ def test_raise_exception_becomes_chat_template_error() -> None:
 HERMES_TOOL_CHAT = [
     {"role": "system", "content": "You call tools."},
     {"role": "user", "content": "Weather in Lima, then search it."},
-    {"role": "assistant", "content": None, "tool_calls": [_call("get_weather", {"city": "Lima"}), _call("search", {"query": "Lima"})]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [_call("get_weather", {"city": "Lima"}), _call("search", {"query": "Lima"})],
+    },
     {"role": "tool", "content": "22 C"},
     {"role": "tool", "content": "Lima is the capital of Peru."},
     {"role": "assistant", "content": "22 °C in Lima."},
@@ -269,8 +276,14 @@ def test_template_bug_becomes_chat_template_error(smollm2_tokenizer) -> None:
 
 def test_runaway_template_recursion_becomes_chat_template_error() -> None:
     # Hermes 3's type macro recurses forever on a union type; a client's tool schema must not crash the worker.
-    nullable = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
-        "type": "object", "properties": {"x": {"type": ["string", "null"], "description": "x"}}}}}
+    nullable = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"x": {"type": ["string", "null"], "description": "x"}}},
+        },
+    }
     with pytest.raises(ChatTemplateError, match="RecursionError"):
         ChatTemplate(_template_source("hermes3_tool_use.jinja"), HERMES_TOKENS).render(
             [{"role": "user", "content": "hi"}], tools=[nullable]

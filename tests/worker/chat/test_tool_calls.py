@@ -62,7 +62,12 @@ def test_example_gives_content_and_one_streamed_call():
     assert delta.content == "Sure."
     first, *rest = delta.tool_calls
     assert re.fullmatch(r"call_[0-9a-f]{24}", first["id"])
-    assert first == {"index": 0, "id": first["id"], "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    assert first == {
+        "index": 0,
+        "id": first["id"],
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
     assert "".join(d["function"]["arguments"] for d in rest) == '{"city": "Paris"}'
     assert parser.flush().content == ""
     assert parser.finish() == [
@@ -135,7 +140,9 @@ def test_unterminated_call_and_partial_tag_become_content_on_flush():
         assert not parser.in_tool_call
 
 
-json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+)
 json_strings = st.text(alphabet='ab "\\}{][<>/é\n\t', max_size=6)
 json_values = st.recursive(
     json_scalars | json_strings,
@@ -146,7 +153,7 @@ json_values = st.recursive(
 
 @st.composite
 def valid_calls(draw):
-    name = draw(st.text(alphabet="abc_xyzé\"", min_size=1, max_size=8))
+    name = draw(st.text(alphabet='abc_xyzé"', min_size=1, max_size=8))
     arguments = draw(st.dictionaries(json_strings, json_values, max_size=4))
     members = [("name", name)]
     style = draw(st.sampled_from(["object", "missing", "string"]))
@@ -160,7 +167,11 @@ def valid_calls(draw):
         members.reverse()
     dumps_options = draw(
         st.fixed_dictionaries(
-            {"indent": st.sampled_from([None, 2]), "ensure_ascii": st.booleans(), "separators": st.sampled_from([None, (",", ":")])}
+            {
+                "indent": st.sampled_from([None, 2]),
+                "ensure_ascii": st.booleans(),
+                "separators": st.sampled_from([None, (",", ":")]),
+            }
         )
     )
     body = json.dumps(dict(members), **dumps_options)
@@ -169,7 +180,8 @@ def valid_calls(draw):
 
 
 content_texts = st.lists(
-    st.sampled_from(["Sure.", " ", "\n", "<", "tool", "_call", ">", "</tool_call>", "a", "{", '"', "<tool_ca"]), max_size=4
+    st.sampled_from(["Sure.", " ", "\n", "<", "tool", "_call", ">", "</tool_call>", "a", "{", '"', "<tool_ca"]),
+    max_size=4,
 ).map("".join)
 malformed_calls = st.sampled_from(MALFORMED_BODIES).map(lambda body: START_TAG + body + END_TAG)
 segments = st.lists(

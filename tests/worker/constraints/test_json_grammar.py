@@ -63,11 +63,32 @@ def test_a_mutated_document_is_accepted_exactly_when_json_reads_an_object():
     assert checked > 2000
 
 
-@pytest.mark.parametrize("text", [
-    b'[1, 2]', b'"a"', b'1', b'{"a": 01}', b'{"a": 1,}', b"{'a': 1}", b'{"a": -}', b'{"a": 1.}', b'{"a": 1e}',
-    b'{"a": tru}', b'{"a": NaN}', b'{"a": "\x01"}', b'{"a": "\\x"}', b'{"a": "\\u12g4"}', b'{"a" 1}', b'{1: 2}',
-    b'{"a": [1 2]}', b'{"a": 1} ', b'{"a": 1}{', b'{"a": .5}', b'{"a": +1}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"[1, 2]",
+        b'"a"',
+        b"1",
+        b'{"a": 01}',
+        b'{"a": 1,}',
+        b"{'a': 1}",
+        b'{"a": -}',
+        b'{"a": 1.}',
+        b'{"a": 1e}',
+        b'{"a": tru}',
+        b'{"a": NaN}',
+        b'{"a": "\x01"}',
+        b'{"a": "\\x"}',
+        b'{"a": "\\u12g4"}',
+        b'{"a" 1}',
+        b"{1: 2}",
+        b'{"a": [1 2]}',
+        b'{"a": 1} ',
+        b'{"a": 1}{',
+        b'{"a": .5}',
+        b'{"a": +1}',
+    ],
+)
 def test_what_is_not_a_json_object_is_refused(text):
     assert not accepts(text)
 

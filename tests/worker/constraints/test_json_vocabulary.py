@@ -14,9 +14,48 @@ from worker.constraints.json_grammar import INITIAL, feed
 from worker.constraints.json_vocabulary import JsonVocabulary, UnsupportedVocabulary, byte_level_token_bytes
 
 # Bytes a JSON walk trips over: quotes, escapes, closers, digits, a 0xff run (the sort's edge).
-SYNTHETIC = [b"{", b"}", b'"', b'"}', b'"]}', b'":', b'": "', b"1", b"12", b"0", b"-", b".5", b"e+", b"true",
-             b"tr", b"ue", b"null", b"[", b"]", b"],", b"},", b", ", b" ", b"\n  ", b"\\", b'\\"', b"\\u", b"00e9",
-             b"a", b"ab", b'a"', b"\xff", b"\xff\xff", b"\xff\xfe", b"\x01", b"\xc3\xa9", b" the", b" tr", None, b""]
+SYNTHETIC = [
+    b"{",
+    b"}",
+    b'"',
+    b'"}',
+    b'"]}',
+    b'":',
+    b'": "',
+    b"1",
+    b"12",
+    b"0",
+    b"-",
+    b".5",
+    b"e+",
+    b"true",
+    b"tr",
+    b"ue",
+    b"null",
+    b"[",
+    b"]",
+    b"],",
+    b"},",
+    b", ",
+    b" ",
+    b"\n  ",
+    b"\\",
+    b'\\"',
+    b"\\u",
+    b"00e9",
+    b"a",
+    b"ab",
+    b'a"',
+    b"\xff",
+    b"\xff\xff",
+    b"\xff\xfe",
+    b"\x01",
+    b"\xc3\xa9",
+    b" the",
+    b" tr",
+    None,
+    b"",
+]
 
 
 def brute_force(token_bytes, state) -> list[int]:
@@ -27,7 +66,7 @@ def reachable_states(rng: random.Random, count: int):
     """States part way through random JSON objects, nested up to five deep."""
     states = []
     while len(states) < count:
-        value = {"k": [{"a": [1, {"b": "x\\u00e9\"y"}], "c": -2.5e+3}, True, None, "s t"], "z": {"w": [[[]]]}}
+        value = {"k": [{"a": [1, {"b": 'x\\u00e9"y'}], "c": -2.5e3}, True, None, "s t"], "z": {"w": [[[]]]}}
         text = json.dumps(value, indent=rng.choice([None, 2])).encode()
         state = feed(INITIAL, text[: rng.randrange(len(text))])
         assert state is not None

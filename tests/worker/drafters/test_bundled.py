@@ -36,8 +36,9 @@ def served(mode: str) -> ServingModel:
 @functools.cache
 def greedy(mode: str):
     model = served(mode)
-    return generate(model.runner, model.tokenizer, model.encode_chat(PROMPT),
-                    SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    return generate(
+        model.runner, model.tokenizer, model.encode_chat(PROMPT), SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    )
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dflash"])

@@ -75,29 +75,38 @@ def test_without_a_draft_the_mode_is_refused_with_directions(mode):
         load_dflash(None, mode)
 
 
-@pytest.mark.parametrize(("edits", "message"), [
-    (dict(dflash_config=None), "no dflash_config"),
-    (dict(dflash_config={"target_layer_ids": [0, 1]}), r"dflash_config\.mask_token_id=None"),
-    (dict(dflash_config={"mask_token_id": 5000, "target_layer_ids": [0, 1]}), r"mask_token_id=5000"),
-    (dict(dflash_config={"mask_token_id": 5}), r"dflash_config\.target_layer_ids=None"),
-    (dict(dflash_config={"mask_token_id": 5, "target_layer_ids": [0, 2]}), r"target_layer_ids has 2, outside"),
-    (dict(block_size=None), r"block_size=None"),
-    (dict(block_size=1), r"block_size=1"),
-    (dict(hidden_size=32), r"hidden_size=32 does not match the target's hidden_size=64"),
-    (dict(num_attention_heads=None), r"missing 'num_attention_heads'"),
-    (dict(layer_types=["sliding_attention"]), r"layer_types"),
-])
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        (dict(dflash_config=None), "no dflash_config"),
+        (dict(dflash_config={"target_layer_ids": [0, 1]}), r"dflash_config\.mask_token_id=None"),
+        (dict(dflash_config={"mask_token_id": 5000, "target_layer_ids": [0, 1]}), r"mask_token_id=5000"),
+        (dict(dflash_config={"mask_token_id": 5}), r"dflash_config\.target_layer_ids=None"),
+        (dict(dflash_config={"mask_token_id": 5, "target_layer_ids": [0, 2]}), r"target_layer_ids has 2, outside"),
+        (dict(block_size=None), r"block_size=None"),
+        (dict(block_size=1), r"block_size=1"),
+        (dict(hidden_size=32), r"hidden_size=32 does not match the target's hidden_size=64"),
+        (dict(num_attention_heads=None), r"missing 'num_attention_heads'"),
+        (dict(layer_types=["sliding_attention"]), r"layer_types"),
+    ],
+)
 def test_malformed_configs_are_refused_naming_the_field(tmp_path, edits, message):
     with pytest.raises(DrafterError, match=message):
         load_dflash(dflash_folder(tmp_path, target_layer_ids=(0, 1), config_edits=edits))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(reshape={"fc.weight": (64, 64)}), r"fc\.weight has shape \(64, 64\), expected \(64, 128\)"),
-    (dict(drop=["layers.0.self_attn.k_norm.weight"]), r"layers\.0\.self_attn\.k_norm\.weight is missing"),
-    (dict(drop=["hidden_norm.weight"]), r"hidden_norm\.weight is missing"),
-    (dict(reshape={"candidate_selector.hidden_projection.weight": (8, 64)}), r"unexpected tensor candidate_selector"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(reshape={"fc.weight": (64, 64)}), r"fc\.weight has shape \(64, 64\), expected \(64, 128\)"),
+        (dict(drop=["layers.0.self_attn.k_norm.weight"]), r"layers\.0\.self_attn\.k_norm\.weight is missing"),
+        (dict(drop=["hidden_norm.weight"]), r"hidden_norm\.weight is missing"),
+        (
+            dict(reshape={"candidate_selector.hidden_projection.weight": (8, 64)}),
+            r"unexpected tensor candidate_selector",
+        ),
+    ],
+)
 def test_malformed_weights_are_refused_naming_the_tensor(tmp_path, kwargs, message):
     with pytest.raises(DrafterError, match=message):
         load_dflash(dflash_folder(tmp_path, target_layer_ids=(0, 1), **kwargs))
@@ -158,10 +167,13 @@ class Reference:
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
         both = torch.cat([context, h])  # context rows first, then the block
         q = _rms((h @ w[p + "self_attn.q_proj.weight"].T).view(len(h), heads, d), w[p + "self_attn.q_norm.weight"], eps)
-        k = _rms((both @ w[p + "self_attn.k_proj.weight"].T).view(len(both), kv_heads, d),
-                 w[p + "self_attn.k_norm.weight"], eps)
+        k = _rms(
+            (both @ w[p + "self_attn.k_proj.weight"].T).view(len(both), kv_heads, d),
+            w[p + "self_attn.k_norm.weight"],
+            eps,
+        )
         v = (both @ w[p + "self_attn.v_proj.weight"].T).view(len(both), kv_heads, d)
-        q, k = _rope(q, positions[len(context):], c["rope_theta"]), _rope(k, positions, c["rope_theta"])
+        q, k = _rope(q, positions[len(context) :], c["rope_theta"]), _rope(k, positions, c["rope_theta"])
         k, v = k.repeat_interleave(heads // kv_heads, dim=1), v.repeat_interleave(heads // kv_heads, dim=1)
         scores = torch.einsum("thd,shd->hts", q, k) / d**0.5  # every block row sees everything
         out = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(len(h), heads * d)
@@ -171,9 +183,14 @@ class Reference:
         return x + (F.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
 
 
-@pytest.mark.parametrize(("family", "target_layer_ids", "block_size"), [
-    ("qwen3", (0, 1), 4), ("qwen3", (1,), 6), ("llama", (1, 0), 5),
-])
+@pytest.mark.parametrize(
+    ("family", "target_layer_ids", "block_size"),
+    [
+        ("qwen3", (0, 1), 4),
+        ("qwen3", (1,), 6),
+        ("llama", (1, 0), 5),
+    ],
+)
 def test_block_logits_match_a_from_scratch_recomputation(tmp_path, family, target_layer_ids, block_size):
     folder = dflash_folder(tmp_path, family, block_size=block_size, target_layer_ids=target_layer_ids, seed=5)
     reference = Reference(speculation_checkpoints(family).target, folder)

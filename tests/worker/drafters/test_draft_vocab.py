@@ -49,13 +49,16 @@ def test_logits_over_the_subset_are_the_full_heads_logits_at_those_tokens():
     assert whole.size == 50 and whole.to_target(torch.tensor([7])).tolist() == [7]
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("not json", "expected a JSON object with a token_ids list"),
-    ('{"ids": [1]}', "expected a JSON object with a token_ids list"),
-    ('{"token_ids": []}', "non-empty list of token ids below"),
-    ('{"token_ids": [1, 99999]}', "below the target's vocab_size=320"),
-    ('{"token_ids": [1, 2, 1]}', "duplicates"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "expected a JSON object with a token_ids list"),
+        ('{"ids": [1]}', "expected a JSON object with a token_ids list"),
+        ('{"token_ids": []}', "non-empty list of token ids below"),
+        ('{"token_ids": [1, 99999]}', "below the target's vocab_size=320"),
+        ('{"token_ids": [1, 2, 1]}', "duplicates"),
+    ],
+)
 def test_a_broken_draft_vocab_file_is_refused_by_name(tmp_path, content, message):
     (tmp_path / "draft_vocab.json").write_text(content)
     with pytest.raises(DrafterError, match=message) as error:

@@ -101,12 +101,15 @@ def test_unknown_mtp_hidden_setting_is_refused(tmp_path):
         load_mtp(target(), mtp_folder(tmp_path, mtp_hidden="middle"))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(reshape={"mtp.fc.weight": (64, 64)}), r"mtp\.fc\.weight has shape \(64, 64\), expected \(64, 128\)"),
-    (dict(drop=["mtp.layers.0.self_attn.k_norm.weight"]), r"mtp\.layers\.0\.self_attn\.k_norm\.weight is missing"),
-    (dict(drop=["mtp.pre_fc_norm_hidden.weight"]), r"mtp\.pre_fc_norm_hidden\.weight is missing"),
-    (dict(reshape={"mtp.layers.1.mlp.up_proj.weight": (128, 64)}), r"unexpected tensor mtp\.layers\.1\.mlp"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(reshape={"mtp.fc.weight": (64, 64)}), r"mtp\.fc\.weight has shape \(64, 64\), expected \(64, 128\)"),
+        (dict(drop=["mtp.layers.0.self_attn.k_norm.weight"]), r"mtp\.layers\.0\.self_attn\.k_norm\.weight is missing"),
+        (dict(drop=["mtp.pre_fc_norm_hidden.weight"]), r"mtp\.pre_fc_norm_hidden\.weight is missing"),
+        (dict(reshape={"mtp.layers.1.mlp.up_proj.weight": (128, 64)}), r"unexpected tensor mtp\.layers\.1\.mlp"),
+    ],
+)
 def test_broken_heads_are_refused_naming_the_tensor(tmp_path, kwargs, message):
     with pytest.raises(DrafterError, match=message):
         load_mtp(target(), mtp_folder(tmp_path, **kwargs))

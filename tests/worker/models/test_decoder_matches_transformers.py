@@ -14,12 +14,20 @@ CASES = {
     "qwen3-tied": dict(family="qwen3", tie_word_embeddings=True),
     "qwen2-bias": dict(family="qwen2"),
     "llama-tied": dict(family="llama", tie_word_embeddings=True, num_key_value_heads=4),
-    "llama-llama3-rope": dict(family="llama", rope_scaling=dict(
-        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=64)),
+    "llama-llama3-rope": dict(
+        family="llama",
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
+    ),
     "llama-linear-rope": dict(family="llama", rope_scaling=dict(rope_type="linear", factor=4.0)),
-    "qwen3-yarn-rope": dict(family="qwen3", rope_scaling=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=128)),
+    "qwen3-yarn-rope": dict(
+        family="qwen3", rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128)
+    ),
 }
 
 
@@ -38,7 +46,7 @@ def _our_logits(model, token_ids: list[int], chunks: list[int]) -> torch.Tensor:
     cache = model.decoder.new_cache(256)
     pieces, start = [], 0
     for size in chunks:
-        ids = torch.tensor(token_ids[start:start + size])
+        ids = torch.tensor(token_ids[start : start + size])
         positions = torch.arange(start, start + size)
         pieces.append(model.decoder(ids, positions, cache).logits)
         cache.commit(size)
@@ -61,8 +69,14 @@ def test_greedy_generation_matches_transformers(tiny_pair):
     ours, theirs = tiny_pair
     prompt = [5, 17, 42, 99, 7, 3]
     with torch.no_grad():
-        expected = theirs.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        expected = theirs.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=64,
+            min_new_tokens=64,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
     cache = ours.decoder.new_cache(128)
     logits = ours.decoder(torch.tensor(prompt), torch.arange(len(prompt)), cache, num_logits=1).logits
     cache.commit(len(prompt))

@@ -23,7 +23,8 @@ def models():
     served = load_serving_model(None, "none")
     path = default_model_path()
     reference = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
     return served, reference
 
 
@@ -43,8 +44,9 @@ def test_greedy_continuation_matches_transformers(models, prompt):
     prompt_ids = served.encode_chat([{"role": "user", "content": prompt}])
     ours = generate(served.runner, served.tokenizer, prompt_ids, SamplingParams(max_tokens=24))
     with torch.no_grad():  # both stop at the model's eos (<|im_end|>) or after 24 tokens
-        theirs = reference.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False,
-                                    pad_token_id=0)[0, len(prompt_ids):].tolist()
+        theirs = reference.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False, pad_token_id=0)[
+            0, len(prompt_ids) :
+        ].tolist()
     assert ours.token_ids == theirs
 
 

@@ -23,10 +23,20 @@ AnyEvent = DeltaEvent | FinalEvent | ErrorEvent
 
 
 def service_config(redis_url: str, **overrides: Any) -> ServiceConfig:
-    fields = dict(worker_id=f"w-{uuid.uuid4().hex[:6]}", model_name=MODEL, speculation="none", redis_url=redis_url,
-                  max_lanes=4, max_context=512, max_prefill_chunk=32, heartbeat_interval_s=0.2,
-                  heartbeat_ttl_s=1.0, drain_grace_s=10.0, redis_timeout_s=2.0,
-                  orphan_timeout_s=0.0)  # these tests play the gateway by reading the log, unsubscribed
+    fields = dict(
+        worker_id=f"w-{uuid.uuid4().hex[:6]}",
+        model_name=MODEL,
+        speculation="none",
+        redis_url=redis_url,
+        max_lanes=4,
+        max_context=512,
+        max_prefill_chunk=32,
+        heartbeat_interval_s=0.2,
+        heartbeat_ttl_s=1.0,
+        drain_grace_s=10.0,
+        redis_timeout_s=2.0,
+        orphan_timeout_s=0.0,
+    )  # these tests play the gateway by reading the log, unsubscribed
     fields.update(overrides)
     return ServiceConfig(**fields)
 
@@ -81,8 +91,6 @@ class InProcessWorker:
             raise self.error
 
 
-
-
 def chat_body(content: str | list, max_tokens: int = 16, **fields: Any) -> dict:
     messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
     return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
@@ -92,12 +100,19 @@ def completion_body(prompt: str, max_tokens: int = 16, **fields: Any) -> dict:
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **fields}
 
 
-def submit(client: redis.Redis, body: dict, kind: str = "chat", deadline_s: float = 120.0,
-           request_id: str | None = None) -> str:
+def submit(
+    client: redis.Redis, body: dict, kind: str = "chat", deadline_s: float = 120.0, request_id: str | None = None
+) -> str:
     """XADD a job the way the gateway does; returns its request id."""
     now = time.time()
-    job = Job(id=request_id or f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", model=MODEL,
-              kind=kind, body=json.dumps(body), created=now, deadline=now + deadline_s)
+    job = Job(
+        id=request_id or f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+        model=MODEL,
+        kind=kind,
+        body=json.dumps(body),
+        created=now,
+        deadline=now + deadline_s,
+    )
     client.xadd(keys.request_stream(MODEL), job.to_fields())
     return job.id
 
@@ -131,5 +146,6 @@ def token_ids_of(events: list[AnyEvent], choice: int = 0) -> list[int]:
 def queue_is_clean(client: redis.Redis, request_id: str) -> bool:
     """Acknowledged, deleted from the stream, job state gone."""
     pending = client.xpending(keys.request_stream(MODEL), keys.CONSUMER_GROUP)["pending"]
-    return pending == 0 and client.xlen(keys.request_stream(MODEL)) == 0 and not client.exists(
-        keys.job_state(request_id))
+    return (
+        pending == 0 and client.xlen(keys.request_stream(MODEL)) == 0 and not client.exists(keys.job_state(request_id))
+    )

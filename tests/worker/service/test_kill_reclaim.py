@@ -36,11 +36,33 @@ class WorkerProcess:
     def __init__(self, worker_id: str, model_dir: Path, redis_url: str, log_dir: Path):
         self.worker_id = worker_id
         self.log_path = log_dir / f"{worker_id}.log"
-        env = {**os.environ, "ARBOR_SERVED_MODEL_NAME": MODEL, "ARBOR_HEARTBEAT_INTERVAL_S": "0.2",
-               "ARBOR_HEARTBEAT_TTL_S": "1.0", "ARBOR_DRAIN_GRACE_S": "5", "OMP_NUM_THREADS": "1",
-               "ARBOR_LOG_LEVEL": "info"}
-        command = [sys.executable, "-m", "ops.cli", "worker", "--model", str(model_dir), "--speculation", "none",
-                   "--redis-url", redis_url, "--worker-id", worker_id, "--max-context", "512", "--max-lanes", "2"]
+        env = {
+            **os.environ,
+            "ARBOR_SERVED_MODEL_NAME": MODEL,
+            "ARBOR_HEARTBEAT_INTERVAL_S": "0.2",
+            "ARBOR_HEARTBEAT_TTL_S": "1.0",
+            "ARBOR_DRAIN_GRACE_S": "5",
+            "OMP_NUM_THREADS": "1",
+            "ARBOR_LOG_LEVEL": "info",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "ops.cli",
+            "worker",
+            "--model",
+            str(model_dir),
+            "--speculation",
+            "none",
+            "--redis-url",
+            redis_url,
+            "--worker-id",
+            worker_id,
+            "--max-context",
+            "512",
+            "--max-lanes",
+            "2",
+        ]
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 

@@ -3,6 +3,7 @@ waiting, resent after Redis goes away, merged while Redis is behind."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -31,10 +32,8 @@ STREAM = keys.request_stream(MODEL)
 
 
 def read_entries(client: redis.Redis, consumer: str, count: int) -> list[str]:
-    try:
+    with contextlib.suppress(redis.ResponseError):
         client.xgroup_create(STREAM, keys.CONSUMER_GROUP, id="0", mkstream=True)
-    except redis.ResponseError:
-        pass
     [[_, entries]] = client.xreadgroup(keys.CONSUMER_GROUP, consumer, {STREAM: ">"}, count=count)
     return [entry_id for entry_id, _ in entries]
 
@@ -45,8 +44,13 @@ def delta(ref: JobRef, seq: int, token: int, first_output: bool = False) -> Publ
 
 
 def final_of(ref: JobRef, seq: int) -> Publication:
-    event = FinalEvent(id=ref.request_id, attempt=ref.attempt, seq=seq, finish_reason="stop",
-                       usage=Usage(prompt_tokens=1, completion_tokens=1))
+    event = FinalEvent(
+        id=ref.request_id,
+        attempt=ref.attempt,
+        seq=seq,
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=1, completion_tokens=1),
+    )
     return Publication(ref, event)
 
 
@@ -178,8 +182,9 @@ def test_the_publisher_reconnects_however_often_its_connection_is_lost(redis_ser
     """Each lost connection is replaced by a new one: none is counted against the pool's limit, or
     a worker would stop publishing for good after that many Redis outages (100 by default)."""
     ref, recorder = read_job_a(client), Recorder()
-    pool = redis.ConnectionPool.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2,
-                                         max_connections=2)
+    pool = redis.ConnectionPool.from_url(
+        redis_server.url, socket_timeout=2, socket_connect_timeout=2, max_connections=2
+    )
     sink = Publisher(pool, "w1", STREAM, 2.0, recorder.lost.append, recorder.done.append)
     try:
         for seq in range(5):
@@ -202,8 +207,9 @@ def test_a_script_redis_forgot_is_loaded_again(redis_server, client) -> None:
     assert client.llen(keys.event_log("a")) == 2 and not recorder.lost
 
 
-def test_a_publisher_far_behind_the_model_merges_steps_and_loses_nothing(redis_server, client, served_none,
-                                                                        monkeypatch: pytest.MonkeyPatch):
+def test_a_publisher_far_behind_the_model_merges_steps_and_loses_nothing(
+    redis_server, client, served_none, monkeypatch: pytest.MonkeyPatch
+):
     take_reply = Publisher._take_reply
     calls = []
 
@@ -225,8 +231,9 @@ def test_a_publisher_far_behind_the_model_merges_steps_and_loses_nothing(redis_s
     assert len(deltas) < len(expected.token_ids), "steps that waited for the publisher went out merged"
 
 
-def test_a_stream_interval_sends_the_first_token_at_once_then_deltas_of_that_many_tokens(redis_server, client,
-                                                                                        served_none):
+def test_a_stream_interval_sends_the_first_token_at_once_then_deltas_of_that_many_tokens(
+    redis_server, client, served_none
+):
     body = chat_body("Tell me a story about a fox", max_tokens=40)
     with InProcessWorker(service_config(redis_server.url, stream_interval=4), served_none):
         events = wait_done(client, submit(client, body), timeout_s=60)
@@ -244,8 +251,9 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_deltas_of_that_man
 def test_a_job_nobody_hears_for_the_orphan_timeout_is_reported_once(redis_server, client) -> None:
     for name in ("heard", "orphan"):
         client.xadd(STREAM, {"id": name})
-    heard, orphan = (JobRef(name, STREAM, entry, 1) for name, entry in zip(("heard", "orphan"),
-                                                                               read_entries(client, "w1", 2)))
+    heard, orphan = (
+        JobRef(name, STREAM, entry, 1) for name, entry in zip(("heard", "orphan"), read_entries(client, "w1", 2))
+    )
     pubsub = client.pubsub()
     pubsub.subscribe(keys.events_channel("heard"))
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"

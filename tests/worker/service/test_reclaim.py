@@ -6,6 +6,7 @@ events and records them in the job state the way a worker does, then never beats
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import tempfile
 import time
@@ -37,10 +38,8 @@ STREAM = keys.request_stream(MODEL)
 
 def ghost_reads(client: redis.Redis, consumer: str = "ghost") -> str:
     """The ghost XREADGROUPs the next entry; returns its entry id."""
-    try:
+    with contextlib.suppress(redis.ResponseError):
         client.xgroup_create(STREAM, keys.CONSUMER_GROUP, id="0", mkstream=True)
-    except redis.ResponseError:
-        pass
     [[_, [(entry_id, _)]]] = client.xreadgroup(keys.CONSUMER_GROUP, consumer, {STREAM: ">"}, count=1)
     return entry_id
 
@@ -115,8 +114,22 @@ class SamePortRedis:
 
     def start(self) -> SamePortRedis:
         self.process = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-             "no", "--dir", str(self.folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         connection = redis.Redis(port=self.port, socket_timeout=1)
         wait_for(lambda: _pings(connection), 10, "redis to start")
         connection.close()

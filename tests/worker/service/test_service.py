@@ -58,8 +58,9 @@ def test_a_chat_job_streams_exactly_what_generate_produces(redis_server, client,
         events = wait_done(client, request_id)
         wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
         num_tokens = len(token_ids_of(events))
-        beat = wait_for(lambda: (b := heartbeat_of(client, config.worker_id)).tokens >= num_tokens and b, 5,
-                        "a beat after the job")
+        beat = wait_for(
+            lambda: (b := heartbeat_of(client, config.worker_id)).tokens >= num_tokens and b, 5, "a beat after the job"
+        )
     prompt_ids, expected = reference(served_ngram, body)
     assert text_of(events) == expected.text
     assert token_ids_of(events) == expected.token_ids
@@ -131,8 +132,9 @@ def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client,
         assert isinstance(wait_done(client, after)[-1], FinalEvent)
 
 
-def test_a_job_cancelled_before_any_worker_read_it_ends_cancelled_and_is_acknowledged(redis_server, client,
-                                                                                     served_none, monkeypatch):
+def test_a_job_cancelled_before_any_worker_read_it_ends_cancelled_and_is_acknowledged(
+    redis_server, client, served_none, monkeypatch
+):
     monkeypatch.setattr("worker.service.CANCEL_POLL_S", 600.0)  # only the read at hand-over can see it
     with InProcessWorker(service_config(redis_server.url), served_none) as worker:
         wait_done(client, submit(client, chat_body("Hi", max_tokens=2)))  # up, subscribed, polled once
@@ -156,8 +158,9 @@ def test_poison_jobs_are_dead_lettered_and_the_worker_keeps_serving(redis_server
         events = wait_done(client, bad_body)
         good = submit(client, chat_body("Hello", max_tokens=4))
         assert isinstance(wait_done(client, good)[-1], FinalEvent)
-        letters = wait_for(lambda: len(client.xrange(keys.DEAD_LETTER_STREAM)) == 2, 5, "two dead letters") and \
-            client.xrange(keys.DEAD_LETTER_STREAM)
+        letters = wait_for(
+            lambda: len(client.xrange(keys.DEAD_LETTER_STREAM)) == 2, 5, "two dead letters"
+        ) and client.xrange(keys.DEAD_LETTER_STREAM)
     assert [type(e) for e in events] == [ErrorEvent] and events[0].code == "invalid_request"
     assert "messages" in events[0].message
     reasons = {fields.get("id", "<none>"): fields["reason"] for _, fields in letters}
@@ -196,10 +199,17 @@ def test_the_reasoning_budget_closes_the_think_tag_in_a_real_stream(redis_server
     from worker.jobs import FORCED_CLOSE
     from worker.serving_model import ServingModel as Model
 
-    thinking = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
-               "<|im_start|>assistant\n<think>\n"
-    model = Model(served_none.name, "none", served_none.loaded, served_none.runner,
-                  ChatTemplate(thinking, served_none.loaded.checkpoint.special_tokens))
+    thinking = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n<think>\n"
+    )
+    model = Model(
+        served_none.name,
+        "none",
+        served_none.loaded,
+        served_none.runner,
+        ChatTemplate(thinking, served_none.loaded.checkpoint.special_tokens),
+    )
     body = chat_body("Think briefly", max_tokens=30, reasoning_budget=5, ignore_eos=True)
     with InProcessWorker(service_config(redis_server.url), model):
         events = wait_done(client, submit(client, body))

@@ -28,8 +28,9 @@ FAMILIES = ("qwen3", "llama")
 NUM_PROMPTS = 10  # per family, 64 tokens each; the slow variant runs 40
 PREFILL_CHUNK = 7  # small, so drafters also see prefills arrive in several chunks
 GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
-PENALIZED = SamplingParams(max_tokens=32, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5,
-                           frequency_penalty=0.2)
+PENALIZED = SamplingParams(
+    max_tokens=32, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2
+)
 NUM_BANNED = 6  # the tokens plain greedy decoding emits most, banned with logit_bias -100
 JSON_GREEDY = SamplingParams(max_tokens=40, json_object=True)
 JSON_SAMPLED = SamplingParams(max_tokens=40, json_object=True, temperature=1.0, seed=7)
@@ -90,7 +91,8 @@ def decode(runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, s
 @functools.cache
 def outputs(family: str, mode: str, params_name: str, num_prompts: int) -> tuple[list[list[int]], SpecStats]:
     params = {"greedy": GREEDY, "penalized": PENALIZED, "json": JSON_GREEDY, "json_sampled": JSON_SAMPLED}.get(
-        params_name) or biased_params(family)
+        params_name
+    ) or biased_params(family)
     prompts = make_prompts(loaded(family).config.vocab_size, num_prompts, seed=FAMILIES.index(family))
     stats = SpecStats()
     return [decode(runner_for(family, mode), prompt, params, stats) for prompt in prompts], stats
@@ -107,8 +109,9 @@ def biased_params(family: str) -> SamplingParams:
         counts[token] = counts.get(token, 0) + 1
     banned = sorted(counts, key=counts.get, reverse=True)[:NUM_BANNED]
     favoured = [t for t in range(3, 40) if t not in banned][:3]
-    return SamplingParams(max_tokens=32, ignore_eos=True,
-                          logit_bias={**{t: -100.0 for t in banned}, **{t: 1.5 for t in favoured}})
+    return SamplingParams(
+        max_tokens=32, ignore_eos=True, logit_bias={**{t: -100.0 for t in banned}, **{t: 1.5 for t in favoured}}
+    )
 
 
 def assert_same_tokens(expected: list[list[int]], got: list[list[int]], mode: str) -> None:

@@ -41,8 +41,9 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> LoadedModel:
-    folder = make_tiny_model(tmp_path_factory.mktemp("small-vocab"), "qwen3", seed=3, vocab_size=VOCAB_SIZE,
-                             num_hidden_layers=1)
+    folder = make_tiny_model(
+        tmp_path_factory.mktemp("small-vocab"), "qwen3", seed=3, vocab_size=VOCAB_SIZE, num_hidden_layers=1
+    )
     return load_model(folder, dtype="float64")
 
 
@@ -105,8 +106,9 @@ class TableDrafter:
         candidates = []
         while len(candidates) < self.depth and prefix in self.table:
             top = torch.topk(torch.log(self.table[prefix]), 4)
-            candidates.append([(t, min(lp, 0.0)) for t, lp in zip(top.indices.tolist(), top.values.tolist())
-                               if lp > -math.inf])
+            candidates.append(
+                [(t, min(lp, 0.0)) for t, lp in zip(top.indices.tolist(), top.values.tolist()) if lp > -math.inf]
+            )
             prefix = prefix + (candidates[-1][0][0],)
         if not candidates:
             return None
