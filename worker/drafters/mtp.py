@@ -239,7 +239,7 @@ def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
 
     for path in folder.glob("*.safetensors"):
         with safe_open(str(path), framework="pt") as handle:
-            if any(name.startswith(MTP_PREFIX) for name in handle):
+            if any(name.startswith(MTP_PREFIX) for name in handle.keys()):  # noqa: SIM118 (not iterable)
                 return True
     return False
 
