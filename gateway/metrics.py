@@ -90,7 +90,7 @@ class FleetCollector(Collector):
     """Exposes the latest `FleetSnapshot`; the /metrics route refreshes it before each scrape."""
 
     def __init__(self) -> None:
-        self.snapshot = FleetSnapshot(redis_up=False, workers=[], queues={}, dead_letters=0)
+        self.snapshot = FleetSnapshot(redis_up=False, workers=[], queues={}, dead_letters=0, restarts={})
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -99,6 +99,7 @@ class FleetCollector(Collector):
         yield from _queue_gauges(snap)
         yield from _worker_gauges(snap)
         yield from _worker_counters(snap)
+        yield _restart_counter(snap)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # dynamic: described by collect() at scrape time
@@ -141,3 +142,12 @@ def _worker_counters(snap: FleetSnapshot) -> Iterator[Metric]:
         for (model, mode), group in groups:
             family.add_metric([model, mode], sum(getattr(beat, field) for beat in group))
         yield family
+
+
+def _restart_counter(snap: FleetSnapshot) -> Metric:
+    family = CounterMetricFamily(
+        "arbor_process_restarts", "Processes `arbor up` restarted after they died", labels=["process"]
+    )
+    for name, count in sorted(snap.restarts.items()):
+        family.add_metric([name], count)
+    return family

@@ -7,6 +7,7 @@ install and run `arbor gateway` without torch.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -47,17 +48,27 @@ def _run_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVICES = ("worker", "gateway")  # long-running processes: a bug's traceback belongs in their log
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        return int(args.handler(args))
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # the CLI boundary: one line, not a traceback
-        if not _is_user_error(error):
+        if _is_user_error(error):
+            print(f"arbor: error: {_one_line(error)}", file=sys.stderr)
+            return 2
+        if args.command in SERVICES or os.environ.get("ARBOR_DEBUG"):
             raise
-        print(f"arbor: error: {_one_line(error)}", file=sys.stderr)
-        return 2
+        print(
+            f"arbor: error: {type(error).__name__}: {_one_line(error)} (a bug in Arbor: please report it; "
+            "ARBOR_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _one_line(error: Exception) -> str:
@@ -67,7 +78,7 @@ def _one_line(error: Exception) -> str:
     from pydantic import ValidationError
 
     if not isinstance(error, ValidationError):
-        return str(error)
+        return " ".join(str(error).split()) or type(error).__name__
     return f"invalid {error.title}: " + "; ".join(
         f"{'.'.join(str(part) for part in detail['loc']) or 'settings'}: {detail['msg']}" for detail in error.errors()
     )
@@ -75,8 +86,8 @@ def _one_line(error: Exception) -> str:
 
 def _is_user_error(error: Exception) -> bool:
     # Named exceptions at boundaries subclass ValueError (CheckpointError, DrafterError,
-    # ContextLengthError, ChatTemplateError) or are missing files.
-    return isinstance(error, (ValueError, FileNotFoundError))
+    # ContextLengthError, ChatTemplateError), missing files, or a service that does not answer.
+    return isinstance(error, (ValueError, FileNotFoundError, ConnectionError))
 
 
 if __name__ == "__main__":

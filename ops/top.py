@@ -10,12 +10,15 @@ import argparse
 import asyncio
 import os
 import time
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ops.stack_file import find_stack, runtime_dir
 from shared.fleet import FleetSnapshot, read_fleet
 from shared.heartbeat import Heartbeat
 
@@ -23,18 +26,19 @@ REDIS_TIMEOUT_S = 5.0
 ONCE_SAMPLE_GAP_S = 1.0
 
 
-def add_top_parser(subparsers) -> None:
+def add_top_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("top", help="live view of queues and workers")
     parser.add_argument(
-        "--redis-url", default=None, help="Redis to watch (REDIS_URL; default redis://127.0.0.1:6379/0)"
+        "--redis-url", default=None, help="Redis to watch (default: REDIS_URL, else the running `arbor up`'s)"
     )
+    parser.add_argument("--port", type=int, default=None, help="which `arbor up` to watch, when several run")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     parser.set_defaults(handler=run_top)
 
 
 def run_top(args: argparse.Namespace) -> int:
-    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+    url = args.redis_url or os.environ.get("REDIS_URL") or find_stack(runtime_dir(), args.port).redis_url
     return asyncio.run(_top(url, args.once, args.interval))
 
 
@@ -54,8 +58,14 @@ async def _top(url: str, once: bool, interval_s: float) -> int:
                 previous = current
     except KeyboardInterrupt:
         return 0
+    except (RedisError, OSError, TimeoutError) as error:
+        raise StackUnreachable(f"cannot read Redis ({type(error).__name__}: {error}); is the stack running?") from None
     finally:
         await redis.aclose()
+
+
+class StackUnreachable(ConnectionError):
+    """The Redis `arbor top` was pointed at does not answer: one line on the CLI, not a traceback."""
 
 
 async def _sample(redis: Redis) -> tuple[float, FleetSnapshot]:
@@ -65,7 +75,10 @@ async def _sample(redis: Redis) -> tuple[float, FleetSnapshot]:
 
 def render(current: tuple[float, FleetSnapshot], previous: tuple[float, FleetSnapshot] | None) -> Group:
     now, fleet = current
-    return Group(_queue_table(fleet), _worker_table(fleet, now, previous))
+    parts: list[Table | str] = [_queue_table(fleet), _worker_table(fleet, now, previous)]
+    if fleet.restarts:
+        parts.append("restarts: " + ", ".join(f"{name} {count}" for name, count in sorted(fleet.restarts.items())))
+    return Group(*parts)
 
 
 def _queue_table(fleet: FleetSnapshot) -> Table:

@@ -1,7 +1,12 @@
 """`arbor up`: the whole stack on one machine — embedded Redis, the gateway, N workers.
 
-Each part runs as its own process (exactly what compose runs), supervised here: if any of them
-dies the others are stopped, and Ctrl-C or SIGTERM drains workers, stops the gateway, then Redis.
+Each part runs as its own process (exactly what compose runs), kept running by a `Supervisor`
+(ops/supervisor.py): a worker or the gateway that dies is restarted after a capped backoff while
+the rest keep serving, and a dead worker's streams continue on another worker or on its
+replacement (the queue's crash continuation). A crash loop, or a process that exits with a user
+error, stops the stack with one message naming it and its last lines. Only Ctrl-C or SIGTERM
+stops everything cleanly: workers drain, then the gateway stops, then Redis. While it runs, the
+stack's URLs are in a runtime file (ops/stack_file.py) that `arbor top` reads.
 """
 
 from __future__ import annotations
@@ -9,20 +14,29 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
 
 from ops.embedded_redis import EmbeddedRedis
+from ops.restart_policy import RestartPolicy
+from ops.stack_file import StackInfo, runtime_dir, write_stack
+from ops.supervisor import GiveUp, Supervisor
+from shared import keys
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
 
 READY_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 40.0
+POLL_INTERVAL_S = 0.2
+REDIS_TIMEOUT_S = 2.0
 
 
-def add_up_parser(subparsers) -> None:
+def add_up_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), the gateway and workers")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
@@ -40,8 +54,8 @@ def run_up(args: argparse.Namespace) -> int:
     _check_settings(args)
     redis_url = os.environ.get("REDIS_URL")
     embedded = None if redis_url else EmbeddedRedis().start()
-    env = dict(os.environ, REDIS_URL=redis_url or embedded.url, ARBOR_HOST=args.host, ARBOR_PORT=str(args.port))
-    children: list[subprocess.Popen] = []
+    redis_url = redis_url or (embedded.url if embedded is not None else "")
+    env = dict(os.environ, REDIS_URL=redis_url, ARBOR_HOST=args.host, ARBOR_PORT=str(args.port))
     stopping = False
 
     def stop(*_: object) -> None:
@@ -50,24 +64,49 @@ def run_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    supervisor = Supervisor(RestartPolicy(), on_restart=_restart_counter(redis_url))
+    stack_path: Path | None = None
     try:
-        children.append(_spawn(["gateway"], env))
-        for _ in range(args.workers):
-            children.append(_spawn(_worker_args(args), env))
+        supervisor.add("gateway", _command(["gateway"]), env)
+        for number in range(1, args.workers + 1):
+            supervisor.add(f"worker-{number}", _command(_worker_args(args)), env)
         url = f"http://{args.host}:{args.port}"
-        if not _wait_healthy(url, children, args.ready_timeout, lambda: stopping):
-            return 0 if stopping else 1  # asked to stop while starting: a clean stop
+        outcome = _wait_healthy(url, supervisor, args.ready_timeout, lambda: stopping)
+        if outcome is not True:
+            return 0 if stopping else _fail(outcome)  # asked to stop while starting: a clean stop
+        info = StackInfo(os.getpid(), args.port, url, redis_url, args.workers)
+        stack_path = write_stack(info, runtime_dir())
         _announce(url, args.workers, served_name(args.model))
         while not stopping:
-            if any(child.poll() is not None for child in children):
-                print("arbor up: a process exited; stopping the rest", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+            give_up = supervisor.poll()
+            if give_up is not None:
+                return _fail(give_up)
+            time.sleep(POLL_INTERVAL_S)
         return 0
     finally:
-        stop_all(children)
+        if stack_path is not None:
+            stack_path.unlink(missing_ok=True)
+        supervisor.stop_all()
         if embedded is not None:
             embedded.stop()
+
+
+def _fail(outcome: GiveUp | str) -> int:
+    print(outcome.message() if isinstance(outcome, GiveUp) else outcome, file=sys.stderr, flush=True)
+    return 1
+
+
+def _restart_counter(redis_url: str) -> Callable[[str], None]:
+    """Counts each restart in Redis, where the gateway's /metrics and `arbor top` read it."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
+
+    def count(name: str) -> None:
+        try:
+            client.hincrby(keys.PROCESS_RESTARTS, name, 1)
+        except redis.RedisError as error:  # Redis down: the restart still happens, uncounted
+            print(f"arbor up: could not count {name}'s restart ({type(error).__name__})", file=sys.stderr)
+
+    return count
 
 
 def _check_settings(args: argparse.Namespace) -> None:
@@ -91,17 +130,20 @@ def _worker_flags(args: argparse.Namespace) -> dict[str, str]:
     return {flag: getattr(args, flag) for flag in ("model", "speculation", "draft") if getattr(args, flag) is not None}
 
 
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    # A new session each, so the terminal's Ctrl-C reaches only us and we stop them in order.
-    return subprocess.Popen([sys.executable, "-m", "ops.cli", *argv], env=env, start_new_session=True)
+def _command(argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", "ops.cli", *argv]
 
 
-def _wait_healthy(url: str, children: list[subprocess.Popen], timeout_s: float, stopping) -> bool:
+def _wait_healthy(
+    url: str, supervisor: Supervisor, timeout_s: float, stopping: Callable[[], bool]
+) -> bool | GiveUp | str:
+    """True once the gateway answers /health with 200 (a ready worker); a process that cannot
+    be kept running, or a message at the deadline, otherwise. Restarts go on meanwhile."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stopping():
-        if any(child.poll() is not None for child in children):
-            print("arbor up: a process exited during start-up", file=sys.stderr)
-            return False
+        give_up = supervisor.poll()
+        if give_up is not None:
+            return give_up
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
@@ -109,9 +151,7 @@ def _wait_healthy(url: str, children: list[subprocess.Popen], timeout_s: float, 
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.5)
-    if not stopping():
-        print(f"arbor up: not healthy after {timeout_s:.0f} s", file=sys.stderr)
-    return False
+    return f"arbor up: not healthy after {timeout_s:.0f} s"
 
 
 def served_name(model: str | None) -> str:
@@ -127,17 +167,3 @@ def _announce(url: str, num_workers: int, model: str) -> None:
         f"Ctrl-C stops everything.",
         flush=True,
     )
-
-
-def stop_all(children: list[subprocess.Popen]) -> None:
-    """Workers first (SIGTERM = drain their lanes), then the gateway."""
-    for child in reversed(children):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for child in reversed(children):
-        try:
-            child.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()

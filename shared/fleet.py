@@ -18,6 +18,7 @@ class FleetSnapshot:
     workers: list[Heartbeat]
     queues: dict[str, QueueStats]  # by model, for every model a live worker serves
     dead_letters: int
+    restarts: dict[str, int]  # by process name: what `arbor up` restarted (empty under compose)
 
     def by_model_and_mode(self) -> dict[tuple[str, str], list[Heartbeat]]:
         groups: dict[tuple[str, str], list[Heartbeat]] = {}
@@ -32,4 +33,9 @@ async def read_fleet(redis: Redis) -> FleetSnapshot:
     models = sorted({beat.model for beat in workers})
     queues = {model: await read_queue_stats(redis, model) for model in models}
     dead_letters = await redis.xlen(keys.DEAD_LETTER_STREAM)
-    return FleetSnapshot(redis_up=True, workers=workers, queues=queues, dead_letters=dead_letters)
+    restarts = {_text(name): int(count) for name, count in (await redis.hgetall(keys.PROCESS_RESTARTS)).items()}
+    return FleetSnapshot(redis_up=True, workers=workers, queues=queues, dead_letters=dead_letters, restarts=restarts)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -9,6 +9,7 @@
     arbor:worker:{worker_id}    hash     a worker's heartbeat (see `Heartbeat`), with a TTL
     arbor:workers               set      worker ids that have ever beaten (cleaned by reclaimers)
     arbor:deadletter            stream   jobs given up after too many deliveries
+    arbor:restarts              hash     process name (`worker-1`, `gateway`) -> restarts by `arbor up`
 
 What goes into each value is defined in `shared.protocol` and `shared.heartbeat`.
 """
@@ -21,6 +22,7 @@ CONSUMER_GROUP = "workers"  # the one consumer group on every request stream
 CONTROL_CHANNEL = f"{PREFIX}control"
 WORKERS_SET = f"{PREFIX}workers"
 DEAD_LETTER_STREAM = f"{PREFIX}deadletter"
+PROCESS_RESTARTS = f"{PREFIX}restarts"
 
 
 def request_stream(model: str) -> str:

@@ -23,6 +23,6 @@ async def metrics(request: Request) -> Response:
             snapshot = await read_fleet(svc.redis)
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("metrics: Redis unavailable: %s", exc)
-        snapshot = FleetSnapshot(redis_up=False, workers=[], queues={}, dead_letters=0)
+        snapshot = FleetSnapshot(redis_up=False, workers=[], queues={}, dead_letters=0, restarts={})
     svc.metrics.fleet.snapshot = snapshot
     return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

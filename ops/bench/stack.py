@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 
 from ops.embedded_redis import EmbeddedRedis
-from ops.up import served_name, stop_all
+from ops.supervisor import stop_all
+from ops.up import served_name
 
 POLL_S = 0.5
 LOG_TAIL_CHARS = 1500

@@ -120,6 +120,17 @@ def test_metrics_report_queue_depth_and_age(gateway: GatewayServer, make_peer, r
     assert _sample(text, "arbor_queue_oldest_age_seconds", model=MODEL) > 1e9
 
 
+def test_metrics_count_the_restarts_arbor_up_made(gateway: GatewayServer, redis_client: redis.Redis) -> None:
+    assert "arbor_process_restarts_total{" not in gateway.http().get("/metrics").text, "none before any restart"
+    redis_client.hincrby(keys.PROCESS_RESTARTS, "worker-2", 3)
+    redis_client.hincrby(keys.PROCESS_RESTARTS, "gateway", 1)
+
+    text = gateway.http().get("/metrics").text
+
+    assert _sample(text, "arbor_process_restarts_total", process="worker-2") == 3
+    assert _sample(text, "arbor_process_restarts_total", process="gateway") == 1
+
+
 def test_request_metrics_count_latency_tokens_and_repairs(gateway: GatewayServer, make_peer) -> None:
     make_peer(
         script=lambda job: [

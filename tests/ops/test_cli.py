@@ -52,3 +52,36 @@ def test_arbor_up_with_a_bad_setting_says_so_in_one_line_before_starting_anythin
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "publish_budget:" in result.stderr, "arbor up's own error, not a child's exit during start-up"
+
+
+def test_arbor_top_with_no_stack_running_says_what_to_do_in_one_line(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"} | {"XDG_RUNTIME_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "top", "--once"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "no running `arbor up` found: start one with `arbor up`" in result.stderr
+
+
+def test_arbor_top_against_a_redis_that_does_not_answer_is_one_line(tmp_path):
+    env = dict(os.environ, REDIS_URL=f"unix://{tmp_path}/nothing.sock")
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "top", "--once"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert result.stderr.startswith("arbor: error: cannot read Redis") and "is the stack running?" in result.stderr
+
+
+def test_an_unexpected_failure_outside_the_services_is_one_line_too(tmp_path):
+    bench_output = tmp_path / "not-a-report.json"
+    bench_output.write_text("[1, 2]")  # valid JSON, not a serving report: a KeyError/TypeError inside
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "bench", "pool", str(bench_output)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "ARBOR_DEBUG=1 shows the traceback" in result.stderr
