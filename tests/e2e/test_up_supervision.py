@@ -29,6 +29,7 @@ from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.chat_stream import BackgroundStream
 from tests.e2e.live_stack import READY_LINE, REPO_ROOT, STOP_TIMEOUT_S, free_loopback_port, spawn
+from tests.support.processes import child_pids, command_line
 from tests.support.tiny_models import make_tiny_model
 from tests.support.waiting import wait_for
 
@@ -177,6 +178,23 @@ def test_arbor_top_finds_the_running_stack_without_environment_variables(two_wor
     for beat in two_workers.live_workers():
         assert beat.worker_id in result.stdout
     assert "ngram" in result.stdout and MODEL in result.stdout
+
+
+def test_a_killed_gateway_is_restarted_on_its_port_and_serves_again(two_workers: UpStack) -> None:
+    [gateway] = [pid for pid in child_pids(two_workers.process.pid) if command_line(pid)[3:4] == ["gateway"]]
+    restarts_before = two_workers.restarts().get("gateway", 0.0)
+    os.kill(gateway, signal.SIGKILL)
+    wait_for(lambda: gateway not in child_pids(two_workers.process.pid), END_S, "the gateway to be reaped")
+    wait_for(lambda: _healthy(two_workers.base_url), START_TIMEOUT_S, "a new gateway to serve")
+    assert answer(two_workers, chat("Hello again.") | {"max_tokens": 8})
+    assert two_workers.restarts()["gateway"] == restarts_before + 1
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.timeout(900)
