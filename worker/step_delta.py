@@ -75,7 +75,8 @@ class StepDelta:
         if self.tool_calls or self.logprobs is not None:
             return encode_event(self.event())
         # Formatted, not json.dumps'd: with the caches cold after a model step, the encoder json
-        # builds per call made this ~35 µs a batch; formatted it is ~14 (tiny model, session 7)
+        # builds per call made this ~35 µs a batch; formatted it is ~14 (tiny model; docs/BENCHMARKS.md,
+        # "Measurements behind the serving defaults")
         return (
             f'{{"id":{_string(self.id)},"attempt":{self.attempt},"seq":{self.seq},"type":"delta",'
             f'"choice":{self.choice},"text":{_string(self.text)},"reasoning":{_string(self.reasoning)},'

@@ -3,7 +3,7 @@
 Request by request, alternating, the same prompt goes through two loops on the same model:
 
   generate   `arbor generate`'s loop: runner.decode_step + the detokenizer (the in-process side
-             of issue 6's comparison);
+             of `arbor bench serving`'s gateway-vs-in-process comparison);
   owner      the worker's owner thread: scheduler, lane output, events and the publisher writing
              them to a real embedded Redis, to which a listener process is subscribed (so every
              PUBLISH is heard, as the gateway's would be).
@@ -11,9 +11,10 @@ Request by request, alternating, the same prompt goes through two loops on the s
 The headline is the paired ratio: generate's wall time per token over the owner's, request by
 request (each owner request against the generate request run next to it, so the VM's drift,
 which moves whole minutes by up to 30%, cancels within a pair), its median and a 95% bootstrap
-interval. It is the most the gateway path can reach against in-process generate (issue 6): the
-gateway, Redis and the client only add to the owner's work. `arbor bench serving` measures the
-whole path; this isolates the worker, with less noise.
+interval. It is the most the gateway path can reach against in-process generate: the gateway,
+Redis and the client only add to the owner's work. `arbor bench serving` measures the whole path
+(docs/BENCHMARKS.md, "Gateway overhead on the tiny model"); this isolates the worker, with less
+noise.
 
 Also per loop: the model's own time per token (the sequence's prefill_s + decode_s, clocked in
 the runner) and the rest of the wall time. The split says where the time goes, with a caveat

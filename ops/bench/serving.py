@@ -190,7 +190,9 @@ def _warm_up(stack: Stack, config: ServingConfig) -> None:
 
 
 def compare_in_process(stack: Stack, config: ServingConfig, bar: tqdm) -> dict:
-    """One client, sequential requests, alternating gateway and in-process generate (issue 6)."""
+    """One client, sequential requests, alternating gateway and in-process generate.
+
+    The figures and their command: docs/BENCHMARKS.md, "Gateway overhead on the tiny model"."""
     from ops.bench.decode import encode_prompt  # torch from here on
     from worker.drafters.registry import DraftOptions
     from worker.serving_model import load_serving_model
@@ -259,7 +261,7 @@ def in_process_request(
 def comparison_summary(
     gateway: list[RequestRecord], local: list[RequestRecord], other_cores: list[float | None] | None = None
 ) -> dict:
-    """Tokens/s over end-to-end time (TTFT included: the issue-6 figure), the same after the first
+    """Tokens/s over end-to-end time (TTFT included: the headline figure), the same after the first
     text (the streaming rate, TTFT left to its own figure), and the TTFT p50 the gateway adds; both
     rates also request by request (`ops.bench.pairs`), over all pairs and over the quiet ones:
     those during which other processes took under QUIET_CORES of the machine (see

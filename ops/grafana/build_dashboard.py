@@ -39,6 +39,11 @@ ROWS = [
             ),
             ("Lanes busy / total", "short", [("busy", "sum(arbor_lanes_busy)"), ("total", "sum(arbor_lanes_total)")]),
             ("Requests running", "short", [("running", "sum(arbor_requests_running)")]),
+            (
+                "Process restarts (arbor up) / h",
+                "short",
+                [("{{process}}", "sum by (process) (increase(arbor_process_restarts_total[1h]))")],
+            ),
             ("Generated tokens / s", "short", [("tokens/s", "sum(rate(arbor_generation_tokens_total[1m]))")]),
         ],
     ),
