@@ -1,0 +1,178 @@
+"""Structured outputs on the target's logits: a boolean mask per row, from llguidance's matcher.
+
+`GrammarMasks` is per model: the llguidance tokenizer (built on first use from the model's own
+`tokenizer.json` text, ~0.25 s for 49k tokens) and the compiled grammars, cached by grammar text
+so a schema compiles once per worker (`compile` runs in the intake's thread, off the owner).
+`GrammarConstraint` is per sequence: a matcher that has consumed the committed output. A row's
+mask comes from its own history: the committed tokens, then (for a draft row) its draft path,
+consumed for the mask and rolled back after it, so drafted tokens the grammar refuses are
+rejected like any other disagreement and every speculation mode stays lossless.
+
+With a thinking model whose answer starts by reasoning, the constraint starts after the think
+block closes (`starts_after`: the close tag's token ids), as vLLM does; before that, rows are
+unmasked. Once the grammar is complete only the sequence's stop ids may follow (the model's EOS
+where it has none, e.g. with ignore_eos): the answer ends there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from worker.models.loader import LoadedModel
+
+MAX_COMPILED_GRAMMARS = 64
+_BIT_VALUES = torch.tensor([1 << bit for bit in range(8)], dtype=torch.uint8)  # bit i of a byte: token 8k+i
+
+
+class GrammarUnavailable(ValueError):
+    """A tokenizer llguidance cannot read: structured outputs are refused for this model."""
+
+
+class GrammarViolation(RuntimeError):
+    """A committed token the grammar refuses: the lane's state is broken, its request fails alone."""
+
+
+class GrammarMasks:
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Collection[int], device: torch.device | str):
+        self._tokenizer_json = tokenizer_json
+        self.vocab_size = vocab_size  # the logits' width: the model's, which may exceed the tokenizer's
+        self.eos_ids = frozenset(eos_ids)
+        self.device = device  # the logits': masks go there
+        self._lock = threading.Lock()
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+
+    @classmethod
+    def for_model(cls, model: LoadedModel) -> GrammarMasks:
+        """The masks of a loaded model: its tokenizer, its logits' width, EOS and device."""
+        tokenizer_json = model.tokenizer.to_str()
+        return cls(tokenizer_json, model.config.vocab_size, model.checkpoint.eos_token_ids, model.decoder.device)
+
+    def compile(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher for `grammar` (compiled once, then copied); GrammarUnavailable where the
+        tokenizer cannot be read, ValueError with the engine's message where it does not compile."""
+        with self._lock:
+            compiled = self._compiled.get(grammar)
+            if compiled is None:
+                compiled = self._compile(grammar)
+                self._compiled[grammar] = compiled
+                if len(self._compiled) > MAX_COMPILED_GRAMMARS:
+                    self._compiled.popitem(last=False)
+            else:
+                self._compiled.move_to_end(grammar)
+            return compiled.deep_copy()
+
+    def is_compiled(self, grammar: str) -> bool:
+        return grammar in self._compiled
+
+    def _compile(self, grammar: str) -> llguidance.LLMatcher:
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        return matcher
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        import llguidance
+
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = llguidance.LLTokenizer(
+                    self._tokenizer_json, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
+                )
+            except (ValueError, RuntimeError) as error:
+                raise GrammarUnavailable(f"structured outputs cannot read this model's tokenizer: {error}") from None
+        return self._tokenizer
+
+    def ids_mask(self, token_ids: Collection[int]) -> torch.Tensor:  # [vocab_size] bool
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[torch.tensor(sorted(token_ids), dtype=torch.long)] = True
+        return mask.to(self.device)
+
+    def unpack(self, bitmask: bytes) -> torch.Tensor:  # [vocab_size] bool
+        packed = torch.frombuffer(bytearray(bitmask), dtype=torch.uint8)  # [ceil(vocab / 32) * 4]
+        bits = (packed.unsqueeze(1) & _BIT_VALUES) != 0  # [bytes, 8], little-endian within a byte
+        return bits.reshape(-1)[: self.vocab_size].to(self.device)
+
+
+class GrammarConstraint:
+    """One sequence's progress through its grammar; `mask(history, num_committed)` for a row whose
+    history is the committed output plus (maybe) a draft path. None: the row is not constrained
+    (still reasoning)."""
+
+    def __init__(
+        self,
+        masks: GrammarMasks,
+        matcher: llguidance.LLMatcher,
+        stop_ids: Collection[int],
+        starts_after: Sequence[int] | None = None,
+    ):
+        self._masks = masks
+        self._matcher = matcher
+        self._stop_ids = frozenset(stop_ids) or masks.eos_ids
+        self._starts_after = list(starts_after) if starts_after else []
+        self._start: int | None = None if self._starts_after else 0  # output index the grammar starts at
+        self._num_consumed = 0  # output tokens before this index are in the matcher (or before the start)
+
+    def mask(self, history: Sequence[int], num_committed: int) -> torch.Tensor | None:  # [vocab_size] bool
+        self._consume_committed(history, num_committed)
+        start = self._start if self._start is not None else self._find_start(history, num_committed)
+        if start is None:
+            return None
+        draft = list(history[max(start, num_committed) :])
+        if self._matcher.is_stopped():
+            return self._masks.ids_mask(self._stop_ids)
+        consumed = self._matcher.try_consume_tokens(draft) if draft else 0
+        try:
+            if consumed < len(draft):  # a path the grammar refuses: the walk never asks for it
+                return self._masks.ids_mask(self._stop_ids)
+            return self._current_mask()
+        finally:
+            if consumed:
+                self._matcher.rollback(consumed)
+
+    def _current_mask(self) -> torch.Tensor:
+        if self._matcher.is_stopped():
+            return self._masks.ids_mask(self._stop_ids)
+        allowed = self._masks.unpack(self._matcher.compute_bitmask())
+        eos_ids = self._masks.eos_ids
+        if any(bool(allowed[i]) for i in eos_ids):  # the grammar may end here: end with the stop ids
+            allowed[sorted(eos_ids)] = False
+            allowed[sorted(self._stop_ids)] = True
+        return allowed
+
+    def _consume_committed(self, history: Sequence[int], num_committed: int) -> None:
+        if self._start is None:
+            self._start = self._find_start(history, num_committed, committed_only=True)
+            if self._start is None:
+                self._num_consumed = num_committed
+                return
+        begin = max(self._start, self._num_consumed)
+        for token_id in history[begin:num_committed]:
+            if self._matcher.is_stopped():
+                break  # past the end (EOS under ignore_eos): nothing more to match
+            if token_id in self._stop_ids and self._matcher.is_accepting():
+                break
+            if not self._matcher.consume_token(token_id):
+                raise GrammarViolation(f"token {token_id} breaks the grammar: {self._matcher.get_error()}")
+        self._num_consumed = max(self._num_consumed, num_committed)
+
+    def _find_start(self, history: Sequence[int], num_committed: int, committed_only: bool = False) -> int | None:
+        """The index just after the first close tag in the history (its committed part only, if
+        asked); None while reasoning goes on. Only what the last search has not seen is read."""
+        tag = self._starts_after
+        first = max(len(tag), self._num_consumed + 1)  # tags ending at or before it were looked for
+        end = num_committed if committed_only else len(history)
+        for index in range(first, end + 1):
+            if list(history[index - len(tag) : index]) == tag:
+                return index
+        return None
