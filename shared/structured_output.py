@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 Kind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "tool_call"]
 
 MAX_WHITESPACE = 16
-JSON_OPTIONS = {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{MAX_WHITESPACE}}}"}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{MAX_WHITESPACE}}}"}
 TOOL_CALL_START = "<tool_call>"  # the Hermes/Qwen format worker/chat/tool_calls.py parses
 TOOL_CALL_END = "</tool_call>"
 
