@@ -9,8 +9,8 @@ consumed for the mask and rolled back after it, so drafted tokens the grammar re
 rejected like any other disagreement and every speculation mode stays lossless.
 
 With a thinking model whose answer starts by reasoning, the constraint starts after the think
-block closes (`starts_after`: the close tag's token ids), as vLLM does; before that, rows are
-unmasked. Once the grammar is complete only the sequence's stop ids may follow (the model's EOS
+block closes (`AnswerStart` finds the close tag in the output's text), as vLLM does; before
+that, rows are unmasked. Once the grammar is complete only the sequence's stop ids may follow (the model's EOS
 where it has none, e.g. with ignore_eos): the answer ends there.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -114,18 +114,21 @@ class GrammarConstraint:
         masks: GrammarMasks,
         matcher: llguidance.LLMatcher,
         stop_ids: Collection[int],
-        starts_after: Sequence[int] | None = None,
+        answer_start: AnswerStart | None = None,
     ):
         self._masks = masks
         self._matcher = matcher
         self._stop_ids = frozenset(stop_ids) or masks.eos_ids
-        self._starts_after = list(starts_after) if starts_after else []
-        self._start: int | None = None if self._starts_after else 0  # output index the grammar starts at
+        self._answer_start = answer_start
+        self._start: int | None = None if answer_start else 0  # output index the grammar starts at
         self._num_consumed = 0  # output tokens before this index are in the matcher (or before the start)
 
     def mask(self, history: Sequence[int], num_committed: int) -> torch.Tensor | None:  # [vocab_size] bool
         self._consume_committed(history, num_committed)
-        start = self._start if self._start is not None else self._find_start(history, num_committed)
+        start = self._start
+        if start is None:
+            assert self._answer_start is not None
+            start = self._answer_start.find(history, num_committed, commit=False)
         if start is None:
             return None
         draft = list(history[max(start, num_committed) :])
@@ -152,7 +155,8 @@ class GrammarConstraint:
 
     def _consume_committed(self, history: Sequence[int], num_committed: int) -> None:
         if self._start is None:
-            self._start = self._find_start(history, num_committed, committed_only=True)
+            assert self._answer_start is not None
+            self._start = self._answer_start.find(history, num_committed, commit=True)
             if self._start is None:
                 self._num_consumed = num_committed
                 return
@@ -166,13 +170,29 @@ class GrammarConstraint:
                 raise GrammarViolation(f"token {token_id} breaks the grammar: {self._matcher.get_error()}")
         self._num_consumed = max(self._num_consumed, num_committed)
 
-    def _find_start(self, history: Sequence[int], num_committed: int, committed_only: bool = False) -> int | None:
-        """The index just after the first close tag in the history (its committed part only, if
-        asked); None while reasoning goes on. Only what the last search has not seen is read."""
-        tag = self._starts_after
-        first = max(len(tag), self._num_consumed + 1)  # tags ending at or before it were looked for
-        end = num_committed if committed_only else len(history)
-        for index in range(first, end + 1):
-            if list(history[index - len(tag) : index]) == tag:
-                return index
+
+class AnswerStart:
+    """Where the answer starts in an output that opens by reasoning: just after the token that
+    completes the think block's close tag, found in the tokens' text (a tokenizer may write the
+    tag as one token, as several, or merged with what follows it). What the tag's last token holds
+    after the tag (a line break, say) is left outside the grammar."""
+
+    def __init__(self, end_tag: str, token_text: Callable[[int], str]):
+        self._end_tag = end_tag
+        self._token_text = token_text
+        self._tail = ""  # the committed text's last characters, in which a tag may have begun
+        self._num_scanned = 0  # committed tokens already looked at
+
+    def find(self, history: Sequence[int], num_committed: int, commit: bool) -> int | None:
+        """The answer's first index, or None while reasoning goes on. `commit`: look only at the
+        committed tokens, and remember them; otherwise look at the whole history, remembering nothing."""
+        end = num_committed if commit else len(history)
+        first = self._num_scanned if commit else max(self._num_scanned, num_committed)
+        tail = self._tail
+        for index in range(first, end):
+            tail = (tail + self._token_text(history[index]))[-(len(self._end_tag) + 64) :]
+            if self._end_tag in tail:
+                return index + 1
+        if commit:
+            self._tail, self._num_scanned = tail, end
         return None

@@ -10,7 +10,7 @@ import torch
 
 from shared.structured_output import StructuredOutput, choice_output, json_schema_output
 from tests.support.tiny_models import train_tokenizer
-from worker.engine.grammar_constraint import GrammarConstraint, GrammarMasks, GrammarViolation
+from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks, GrammarViolation
 
 TOKENIZER = train_tokenizer()
 EOS = TOKENIZER.token_to_id("<|im_end|>")
@@ -28,9 +28,10 @@ def masks() -> GrammarMasks:
     return GrammarMasks(TOKENIZER.to_str(), VOCAB_SIZE, eos_ids=[EOS], device="cpu")
 
 
-def constraint(output: StructuredOutput, stop_ids=frozenset({EOS}), starts_after=None) -> GrammarConstraint:
+def constraint(output: StructuredOutput, stop_ids=frozenset({EOS}), reasoning: bool = False) -> GrammarConstraint:
     shared = masks()
-    return GrammarConstraint(shared, shared.compile(output.check()), stop_ids, starts_after)
+    answer_start = AnswerStart("</think>", lambda token_id: TOKENIZER.decode([token_id])) if reasoning else None
+    return GrammarConstraint(shared, shared.compile(output.check()), stop_ids, answer_start)
 
 
 def oracle_mask(output: StructuredOutput, tokens: list[int]) -> torch.Tensor:
@@ -85,13 +86,15 @@ def lane_allowed(lane: GrammarConstraint, tokens: list[int]) -> list[int]:
 def test_the_constraint_starts_after_the_think_block_closes():
     output = choice_output(["yes", "no"], "guided_choice")
     close = ids("</think>")
+    assert len(close) > 1, "the tag spans tokens here, so it is found in their text"
     thinking = ids("<think>hmm, the fox")
-    lane = constraint(output, starts_after=close)
+    lane = constraint(output, reasoning=True)
     assert lane.mask(thinking, len(thinking)) is None, "reasoning is not constrained"
     after = thinking + close
     assert torch.equal(lane.mask(after, len(thinking)), oracle_mask(output, [])), "a draft that closes the block"
-    assert lane.mask(thinking, len(thinking)) is None, "a rolled-back draft does not start the answer"
-    assert torch.equal(lane.mask(after + ids("y"), len(after)), oracle_mask(output, ids("y")))
+    assert lane.mask(thinking + close[:1], len(thinking)) is None, "a rolled-back draft does not start the answer"
+    assert lane.mask(after, len(after)) is not None
+    assert torch.equal(lane.mask(after + ids("y"), len(after) + 1), oracle_mask(output, ids("y")))
 
 
 def test_a_committed_token_the_grammar_refuses_breaks_the_lane_loudly():
