@@ -119,7 +119,7 @@ class DFlashDrafter:
         config: ModelConfig,
         spec: DFlashSpec,
         embed_tokens: nn.Embedding,
-        lm_head: nn.Linear,
+        lm_head: nn.Module,
         num_draft: int,
         tree_budget: int | None = None,
         tree_top_k: int = 4,
@@ -132,11 +132,11 @@ class DFlashDrafter:
         self.num_draft = min(num_draft, spec.block_size - 1)
         self.tree_budget, self.tree_top_k = tree_budget, tree_top_k
         self.name = "tree" if tree_budget is not None else "dflash"
-        weight = lm_head.weight
+        weight = embed_tokens.weight  # dense, in the activation dtype (lm_head may be packed)
         self.rotary = RotaryEmbedding(config, weight.dtype, weight.device)
 
     def start(self, sequence: Sequence) -> DFlashState:
-        weight = self.lm_head.weight
+        weight = self.embed_tokens.weight
         capacity = sequence.cache.max_tokens + self.spec.block_size
         return DFlashState(KVCache(self.config, capacity, weight.dtype, weight.device))
 
@@ -164,7 +164,7 @@ class DFlashDrafter:
         """Draft logits [block_size - 1, draft vocab] for the positions after the root."""
         cache, spec = state.cache, self.spec
         start = cache.length
-        device = self.lm_head.weight.device
+        device = self.embed_tokens.weight.device
         token_ids = torch.full((spec.block_size,), spec.mask_token_id, device=device)
         token_ids[0] = root_token
         cos, sin = self.rotary(torch.arange(start, start + spec.block_size, device=device))

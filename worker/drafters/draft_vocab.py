@@ -20,26 +20,59 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.drafters.base import DrafterError
+from worker.models.planned_linear import PlannedLinear
+from worker.models.quantized_linear import QuantizedLinear
+from worker.models.quantized_weight import quantize_int4, quantize_int8
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
 class DraftVocabulary:
-    def __init__(self, lm_head: nn.Linear, token_ids: torch.Tensor | None = None):
+    """The head a drafter scores with. A target whose lm_head is held in fast formats
+    (`PlannedLinear`) lends it as it is for the whole vocabulary; a subset is cut from its dense
+    weight and, if the head is quantized, quantized the same way (drafts need not be exact)."""
+
+    def __init__(self, lm_head: nn.Module, token_ids: torch.Tensor | None = None):
+        self.token_ids = token_ids
+        self.head: nn.Module | None = None  # a module computing the logits, else F.linear below
+        if isinstance(lm_head, PlannedLinear):
+            self._init_planned(lm_head, token_ids)
+            return
         weight, bias = lm_head.weight, lm_head.bias
         if token_ids is not None:
             token_ids = token_ids.to(weight.device)
             weight = weight[token_ids].contiguous()  # a copy: ~1/6 of the head's bytes for 8k tokens
             bias = bias[token_ids] if bias is not None else None
         self.token_ids, self.weight, self.bias = token_ids, weight, bias
+        self.num_tokens = weight.shape[0]
+
+    def _init_planned(self, lm_head: PlannedLinear, token_ids: torch.Tensor | None) -> None:
+        self.weight, self.bias = None, None
+        self.num_tokens = lm_head.out_features if token_ids is None else token_ids.shape[0]
+        if token_ids is None:
+            self.head = lm_head
+            return
+        dense = lm_head.dense_weight()
+        self.token_ids = token_ids = token_ids.to(dense.device)
+        weight = dense[token_ids].float()  # [subset, hidden]
+        bias = getattr(lm_head.impls[lm_head.weight_formats[0]], "bias", None)
+        bias = bias[token_ids] if bias is not None else None
+        primary = lm_head.weight_formats[0]
+        quantize = {"int4": quantize_int4, "int8": quantize_int8}.get(primary)
+        self.head = QuantizedLinear(quantize(weight), bias, dense.device) if quantize else None
+        if self.head is None:
+            self.weight, self.bias = weight.to(dense.dtype), bias
 
     @property
     def size(self) -> int:
-        return self.weight.shape[0]
+        return self.num_tokens
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., size] logits over this vocabulary (index i is token `to_target(i)`)."""
-        return F.linear(hidden, self.weight, self.bias)
+        if self.head is not None:
+            return self.head(hidden)
+        assert self.weight is not None
+        return F.linear(hidden, self.weight.to(hidden.dtype), self.bias)
 
     def to_target(self, indices: torch.Tensor) -> torch.Tensor:
         """Target token ids for indices into this vocabulary."""

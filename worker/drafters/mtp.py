@@ -87,7 +87,7 @@ class MtpDrafter:
         head: MtpHead,
         target_config: ModelConfig,
         embed_tokens: nn.Embedding,
-        lm_head: nn.Linear,
+        lm_head: nn.Module,
         hidden_source: str,
         num_draft: int = DEFAULT_NUM_DRAFT,
         draft_vocab: torch.Tensor | None = None,
@@ -100,11 +100,11 @@ class MtpDrafter:
         last_layer = target_config.num_hidden_layers - 1
         self.hidden_layers: tuple[int, ...] = (last_layer,) if hidden_source == "pre_norm" else ()
         self.wants_final_hidden = hidden_source == "post_norm"
-        weight = lm_head.weight
+        weight = embed_tokens.weight  # dense, in the activation dtype (lm_head may be packed)
         self.rotary = RotaryEmbedding(target_config, weight.dtype, weight.device)
 
     def start(self, sequence: Sequence) -> MtpState:
-        weight = self.lm_head.weight
+        weight = self.embed_tokens.weight
         max_tokens = sequence.cache.max_tokens
         hidden = torch.empty(max_tokens, self.cache_config.hidden_size, dtype=weight.dtype, device=weight.device)
         return MtpState(KVCache(self.cache_config, max_tokens, weight.dtype, weight.device), hidden)
@@ -150,7 +150,7 @@ class MtpDrafter:
 
     def export_prefix(self, state: MtpState, num_tokens: int) -> MtpState:
         assert 0 < num_tokens <= state.num_observed, (num_tokens, state.num_observed)
-        weight = self.lm_head.weight
+        weight = self.embed_tokens.weight
         num_pairs = num_tokens - 1
         snapshot = MtpState(
             KVCache(self.cache_config, max(num_pairs, 1), weight.dtype, weight.device),

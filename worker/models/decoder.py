@@ -2,6 +2,10 @@
 
 Parameter names match Hugging Face checkpoints, so a state dict loads without renaming.
 The forward runs one sequence (batch 1): the worker's scheduler steps one lane at a time.
+
+A decoder built in fast weight formats (fast_weights.py) has q/k/v fused into one `qkv_proj` and
+gate/up into one `gate_up_proj`: one kernel call instead of three (two) per layer, which on a
+CPU at one row is a visible share of a 135M model's step (eager per-op overhead, ~10 us a call).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from torch import nn
 from worker.models.config import ModelConfig
 from worker.models.kv_cache import KVCache
 from worker.models.linear import Linear
+from worker.models.planned_linear import PlannedLinear
 from worker.models.rope import RotaryEmbedding, apply_rotary
+from worker.models.row_plan import FormatSelector, RowPlan
 
 
 class RMSNorm(nn.Module):
@@ -49,6 +55,22 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_proj: nn.Module | None = None  # q, k and v stacked by rows, when fused
+        self.qkv_sizes = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, d], k and v [T, kv_heads, d]."""
+        num_tokens = x.shape[0]
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # views of one [T, q + 2 kv] product
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        shape = (num_tokens, -1, self.head_dim)
+        return q.view(shape), k.view(shape), v.view(shape)
 
     def forward(
         self,
@@ -61,9 +83,7 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q.transpose(0, 1), cos, sin)  # [heads, T, head_dim]
@@ -105,8 +125,12 @@ class MLP(nn.Module):
         self.gate_proj = Linear(size, inner, bias=bias)
         self.up_proj = Linear(size, inner, bias=bias)
         self.down_proj = Linear(inner, size, bias=bias)
+        self.gate_up_proj: nn.Module | None = None  # gate and up stacked by rows, when fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inner] each
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -149,14 +173,34 @@ class Decoder(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary: RotaryEmbedding | None = None
+        self.activation_dtype: torch.dtype | None = None  # set where the linears' formats differ from it
+        self.selector: FormatSelector | None = None  # which format serves a forward (PlannedLinear layers)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """The activation dtype: residual stream, norms, attention, KV cache."""
+        return self.activation_dtype or self.model.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
+
+    def share_selector(self, selector: FormatSelector) -> None:
+        """Make `selector` choose the format of every PlannedLinear of this decoder."""
+        for module in self.modules():
+            if isinstance(module, PlannedLinear):
+                module.selector = selector
+        self.selector = selector
+
+    def set_formats(self, plan: RowPlan, decode_format: str | None = None) -> None:
+        """Prefill chunks by `plan`; forwards with logits in `decode_format` (default: the plan's at one row)."""
+        assert self.selector is not None, "a decoder on the exact path holds one format"
+        self.selector.set(plan, decode_format or plan.format_for(1))
+
+    def head_weight(self) -> torch.Tensor:
+        """lm_head's weight [vocab, hidden] as a dense tensor (for a drafter's vocabulary subset)."""
+        head = self.lm_head
+        return head.dense_weight() if isinstance(head, PlannedLinear) else head.weight
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(self.config, max_tokens, self.dtype, self.device)
@@ -177,6 +221,8 @@ class Decoder(nn.Module):
         The cache length is not advanced: the caller commits what it keeps (see KVCache.commit).
         Without `tree_mask` the new tokens attend causally among themselves.
         """
+        if self.selector is not None:  # a forward without logits only fills the cache: see FormatSelector
+            self.selector.filling_cache = num_logits == 0
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = RotaryEmbedding(self.config, self.dtype, self.device)
         start, num_tokens = cache.length, token_ids.shape[0]

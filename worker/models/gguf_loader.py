@@ -2,7 +2,9 @@
 
 Three things llama.cpp's converter (convert_hf_to_gguf.py) did to the checkpoint are undone here:
 
-1. Quantization: each tensor is dequantized to float32, whole tensor at once (numpy, vectorized).
+1. Quantization: Q4_0/Q4_1/Q8_0 tensors are read into `Int4Weight`/`Int8Weight` as they are
+   (gguf_blocks.py), so a quantized model loads without a float copy; the float32 path
+   dequantizes them exactly as `gguf.quants.dequantize` does. Float tensors come as float32.
 2. Names: `blk.3.attn_q.weight` becomes `model.layers.3.self_attn.q_proj.weight`, and so on.
 3. Llama's q/k row order: llama.cpp rotates *adjacent* pairs, HF rotates the two *halves* of a head,
    so the converter interleaves each head's rows. With head_dim 4 and a head's rows HF [a0 a1 b0 b1]
@@ -12,8 +14,9 @@ Three things llama.cpp's converter (convert_hf_to_gguf.py) did to the checkpoint
 The tokenizer is rebuilt from the file's metadata (byte-level BPE only) with the pre-tokenizer
 llama.cpp uses for the file's `tokenizer.ggml.pre`, so ids match what the file's producer intended.
 
-Parsing the metadata (`GGUFReader`) and dequantizing take seconds even for a 135M model, so a
-converted checkpoint can be kept in a cache folder, keyed by the file's path, size and mtime.
+Parsing the metadata (`GGUFReader`) takes seconds even for a 135M model, so a converted
+checkpoint can be kept in a cache folder, keyed by the file's path, size and mtime; quantized
+tensors are stored there quantized (one safetensors entry per field, `name#q`, `name#scales`, ...).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from worker.models.checkpoint import Checkpoint, CheckpointError
+from worker.models.gguf_blocks import QUANTIZED_TYPES, read_blocks
+from worker.models.quantized_weight import Int4Weight, Int8Weight, QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +86,22 @@ _QWEN2 = ("qwen2", "deepseek-r1-qwen")
 SUPPORTED_PRE_TOKENIZERS = _DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN2
 
 _REQUIRED = object()  # marks a metadata field with no default
-_CACHE_FORMAT_VERSION = 1  # bump when the conversion changes, so stale cache entries are ignored
+_CACHE_FORMAT_VERSION = 2  # bump when the conversion changes, so stale cache entries are ignored
 
 
-def load_gguf_checkpoint(path: Path, cache_dir: Path | None = None) -> Checkpoint:
-    """Read a Llama/Qwen2/Qwen3 GGUF file; with `cache_dir`, reuse (or store) the converted result."""
+def load_gguf_checkpoint(path: Path, cache_dir: Path | None = None, keep_quantized: bool = False) -> Checkpoint:
+    """Read a Llama/Qwen2/Qwen3 GGUF file; with `cache_dir`, reuse (or store) the converted result.
+
+    With `keep_quantized` the Q4_0/Q4_1/Q8_0 tensors stay in `Checkpoint.quantized`; without, they
+    are dequantized into `tensors` (float32) as before.
+    """
     path = Path(path)
     _check_is_gguf(path)
+    checkpoint = _cached_or_converted(path, cache_dir)
+    return checkpoint if keep_quantized else checkpoint.dequantized()
+
+
+def _cached_or_converted(path: Path, cache_dir: Path | None) -> Checkpoint:
     if cache_dir is None:
         return _convert(path)
     entry = _cache_entry(Path(cache_dir), path)
@@ -118,9 +132,10 @@ def _convert(path: Path) -> Checkpoint:
     tokenizer = _build_tokenizer(metadata, path)  # before the tensors: refuse in milliseconds, not seconds
     eos_token_ids = _eos_token_ids(metadata, path)
     bos_token_id = metadata.get("tokenizer.ggml.bos_token_id")
-    tensors = _read_tensors(reader, metadata, architecture, path)
+    tensors, quantized = _read_tensors(reader, metadata, architecture, path)
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()} | {n: w.shape for n, w in quantized.items()}
     return Checkpoint(
-        config=_build_config(metadata, architecture, tensors, eos_token_ids, bos_token_id, path),
+        config=_build_config(metadata, architecture, shapes, eos_token_ids, bos_token_id, path),
         tensors=tensors,
         tokenizer=tokenizer,
         chat_template=metadata.get("tokenizer.chat_template"),
@@ -129,6 +144,7 @@ def _convert(path: Path) -> Checkpoint:
         add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
         special_tokens=_special_tokens(metadata, metadata["tokenizer.ggml.tokens"]),
         source=str(path),
+        quantized=quantized,
     )
 
 
@@ -160,19 +176,37 @@ def _architecture(metadata: dict[str, Any], path: Path) -> str:
 
 def _read_tensors(
     reader: gguf.GGUFReader, metadata: dict[str, Any], architecture: str, path: Path
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
+    """Float tensors (float32) and quantized ones (as read), both under HF names and in HF row order."""
     num_heads = _required(metadata, f"{architecture}.attention.head_count", path)
     num_kv_heads = metadata.get(f"{architecture}.attention.head_count_kv", num_heads)
-    tensors = {}
+    tensors, quantized = {}, {}
     for tensor in reader.tensors:
         name = _hf_tensor_name(tensor.name, architecture, path)
-        weight = _dequantize(tensor, path)  # [rows, cols] as HF stores it, or [n] for norms
-        if architecture == "llama" and ".self_attn.q_proj." in name:
-            weight = _undo_rope_permutation(weight, num_heads)
-        elif architecture == "llama" and ".self_attn.k_proj." in name:
-            weight = _undo_rope_permutation(weight, num_kv_heads)
-        tensors[name] = torch.from_numpy(weight)
-    return tensors
+        heads = _permuted_heads(name, architecture, num_heads, num_kv_heads)
+        if tensor.tensor_type in QUANTIZED_TYPES and len(tensor.shape) == 2:
+            weight = read_blocks(tensor.data, tensor.tensor_type, _hf_shape(tensor))
+            if heads is not None:  # a row permutation: whole rows of groups move, each row intact
+                weight = weight.rows(torch.from_numpy(_undo_rope_permutation(np.arange(weight.shape[0]), heads)))
+            quantized[name] = weight
+        else:
+            dense = _dequantize(tensor, path)  # [rows, cols] as HF stores it, or [n] for norms
+            tensors[name] = torch.from_numpy(dense if heads is None else _undo_rope_permutation(dense, heads))
+    return tensors, quantized
+
+
+def _permuted_heads(name: str, architecture: str, num_heads: int, num_kv_heads: int) -> int | None:
+    """The head count whose q/k rows llama.cpp interleaved in this tensor, or None if untouched."""
+    if architecture != "llama":
+        return None
+    if ".self_attn.q_proj." in name:
+        return num_heads
+    return num_kv_heads if ".self_attn.k_proj." in name else None
+
+
+def _hf_shape(tensor: gguf.gguf_reader.ReaderTensor) -> tuple[int, int]:
+    rows, cols = (int(n) for n in reversed(tensor.shape))  # GGUF lists dims innermost first
+    return rows, cols
 
 
 def _hf_tensor_name(gguf_name: str, architecture: str, path: Path) -> str:
@@ -214,7 +248,7 @@ def _undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def _build_config(
     metadata: dict[str, Any],
     architecture: str,
-    tensors: dict[str, torch.Tensor],
+    shapes: dict[str, tuple[int, ...]],
     eos_token_ids: list[int],
     bos_token_id: int | None,
     path: Path,
@@ -238,9 +272,9 @@ def _build_config(
         "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(field("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(field("context_length", 2048)),
-        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
-        "tie_word_embeddings": "lm_head.weight" not in tensors,
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
+        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in shapes,
         "rope_scaling": _rope_scaling(metadata, architecture),
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_ids[0] if len(eos_token_ids) == 1 else eos_token_ids,
@@ -331,9 +365,12 @@ def _cache_entry(cache_dir: Path, path: Path) -> Path:
 
 def _read_cache(entry: Path, path: Path) -> Checkpoint:
     text = json.loads((entry / "checkpoint.json").read_text(encoding="utf-8"))
+    stored = load_file(entry / "model.safetensors")
+    quantized = {name: _quantized_from_fields(name, kind, stored) for name, kind in text["quantized"].items()}
     return Checkpoint(
         config=text["config"],
-        tensors=load_file(entry / "model.safetensors"),
+        tensors={name: tensor for name, tensor in stored.items() if _FIELD_MARK not in name},
+        quantized=quantized,
         tokenizer=Tokenizer.from_file(str(entry / "tokenizer.json")),
         chat_template=text["chat_template"],
         eos_token_ids=text["eos_token_ids"],
@@ -350,7 +387,12 @@ def _write_cache(entry: Path, checkpoint: Checkpoint) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     try:
-        save_file(checkpoint.tensors, scratch / "model.safetensors")
+        fields = {
+            f"{name}{_FIELD_MARK}{key}": value
+            for name, weight in checkpoint.quantized.items()
+            for key, value in _quantized_fields(weight).items()
+        }
+        save_file({**checkpoint.tensors, **fields}, scratch / "model.safetensors")
         checkpoint.tokenizer.save(str(scratch / "tokenizer.json"))
         (scratch / "checkpoint.json").write_text(json.dumps(_cache_text(checkpoint)), encoding="utf-8")
         os.rename(scratch, entry)
@@ -366,4 +408,28 @@ def _cache_text(checkpoint: Checkpoint) -> dict[str, Any]:
         "bos_token_id": checkpoint.bos_token_id,
         "add_bos_token": checkpoint.add_bos_token,
         "special_tokens": checkpoint.special_tokens,
+        "quantized": {name: _quantized_kind(weight) for name, weight in checkpoint.quantized.items()},
     }
+
+
+# A quantized tensor is stored as its fields, "name#q", "name#scales", "name#mins"; its kind and
+# group size go to checkpoint.json as "int4/32" or "int8/32".
+_FIELD_MARK = "#"
+
+
+def _quantized_fields(weight: QuantizedWeight) -> dict[str, torch.Tensor]:
+    if isinstance(weight, Int4Weight):
+        return {"q": weight.q, "scales": weight.scales, "mins": weight.mins}
+    return {"q": weight.q, "scales": weight.scales}
+
+
+def _quantized_kind(weight: QuantizedWeight) -> str:
+    return f"{'int4' if isinstance(weight, Int4Weight) else 'int8'}/{weight.group_size}"
+
+
+def _quantized_from_fields(name: str, kind: str, stored: dict[str, torch.Tensor]) -> QuantizedWeight:
+    bits, group_size = kind.split("/")
+    field = lambda key: stored[f"{name}{_FIELD_MARK}{key}"]  # noqa: E731
+    if bits == "int4":
+        return Int4Weight(field("q"), field("scales"), field("mins"), int(group_size))
+    return Int8Weight(field("q"), field("scales"), int(group_size))

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import tokenizers
 import torch
+from torch import nn
 
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
 from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
+from worker.models.fast_weights import LinearSource, build_fast_linears
+from worker.models.row_plan import RowPlan
+from worker.models.row_timing import plan_rows
+from worker.models.weight_formats import LinearFormats, linear_formats
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -22,6 +27,7 @@ class LoadedModel:
     decoder: Decoder
     checkpoint: Checkpoint  # tensors dropped after loading, except extras such as `mtp.*`
     extra_tensors: dict[str, torch.Tensor]  # checkpoint tensors the decoder does not own (e.g. an MTP head)
+    formats: LinearFormats | None = None  # the linears' weight formats (None: built by hand)
 
     @property
     def config(self) -> ModelConfig:
@@ -32,8 +38,9 @@ class LoadedModel:
         return self.checkpoint.tokenizer
 
 
-def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None) -> Checkpoint:
-    """`cache_dir` keeps converted GGUF weights (a 5 s dequantization becomes a 0.1 s read)."""
+def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None, keep_quantized: bool = False) -> Checkpoint:
+    """`cache_dir` keeps converted GGUF weights (a 5 s conversion becomes a 0.1 s read);
+    `keep_quantized` leaves a GGUF's quantized tensors in `Checkpoint.quantized`."""
     if path is None:
         from worker.models.default_model import default_model_path
 
@@ -48,7 +55,7 @@ def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None) -> C
     if path.suffix == ".gguf":
         from worker.models.gguf_loader import load_gguf_checkpoint
 
-        return load_gguf_checkpoint(path, cache_dir)
+        return load_gguf_checkpoint(path, cache_dir, keep_quantized)
     raise CheckpointError(f"model path {path} is neither a Hugging Face folder nor a .gguf file")
 
 
@@ -57,16 +64,51 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     device: str = "cpu",
     cache_dir: Path | None = None,
+    quantize: str = "auto",
+    row_plan: RowPlan | None = None,
 ) -> LoadedModel:
-    checkpoint = read_checkpoint(path, cache_dir)
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    """`dtype` is the activation dtype ("auto": weight_formats.py); `quantize` the linears' format.
+
+    An explicit float dtype with quantize "auto" is the exact path of before. A model that keeps
+    two formats gets `row_plan`, or else one measured here (row_timing.py, a few seconds for
+    SmolLM2); its decode format is the plan's at one row until the serving model sets it for its
+    speculation mode (Decoder.set_formats).
+    """
+    dtype_name = _dtype_name(dtype)
+    checkpoint = read_checkpoint(path, cache_dir, keep_quantized=True)
     config = ModelConfig.from_hf(checkpoint.config)
-    decoder = build_decoder(config, checkpoint.tensors, dtype, device)
-    owned = set(decoder.state_dict())
+    formats = linear_formats(
+        quantize, dtype_name, torch.device(device).type, checkpoint.quantization, _num_params(checkpoint)
+    )
+    if formats.is_exact_path:
+        checkpoint = checkpoint.dequantized()
+        decoder = build_decoder(config, checkpoint.tensors, DTYPES[formats.activation_dtype], device)
+    else:
+        decoder = build_fast_decoder(config, checkpoint, formats, device)
+        decoder.set_formats(row_plan or plan_rows(decoder, formats))
+    owned = _decoder_tensor_names(config) | set(checkpoint.quantized)
     extras = {name: tensor for name, tensor in checkpoint.tensors.items() if name not in owned}
-    checkpoint.tensors = {}
+    checkpoint.tensors, checkpoint.quantized = {}, {}
     name = _model_name(path, checkpoint.source)
-    return LoadedModel(name=name, decoder=decoder, checkpoint=checkpoint, extra_tensors=extras)
+    return LoadedModel(name=name, decoder=decoder, checkpoint=checkpoint, extra_tensors=extras, formats=formats)
+
+
+def _decoder_tensor_names(config: ModelConfig) -> set[str]:
+    with torch.device("meta"):
+        return set(Decoder(config).state_dict())
+
+
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    if isinstance(dtype, str):
+        if dtype != "auto" and dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: choose from auto, {', '.join(DTYPES)}")
+        return dtype
+    return next(name for name, value in DTYPES.items() if value == dtype)
+
+
+def _num_params(checkpoint: Checkpoint) -> int:
+    dense = sum(tensor.numel() for tensor in checkpoint.tensors.values())
+    return dense + sum(weight.shape[0] * weight.shape[1] for weight in checkpoint.quantized.values())
 
 
 def _model_name(path: str | Path | None, source: str) -> str:
@@ -94,6 +136,53 @@ def build_decoder(
     if config.tie_word_embeddings:
         decoder.lm_head.weight = decoder.model.embed_tokens.weight
     return decoder.eval()
+
+
+def build_fast_decoder(
+    config: ModelConfig, checkpoint: Checkpoint, formats: LinearFormats, device: str = "cpu"
+) -> Decoder:
+    """The decoder with its linears in `formats` (fast_weights.py) and the rest dense in the activation dtype."""
+    with torch.device("meta"):
+        decoder = Decoder(config)
+    dtype = DTYPES[formats.activation_dtype]
+    linear_paths = [name.removesuffix(".weight") for name, module in _linear_weights(decoder)]
+    sources = {path: _linear_source(checkpoint, config, path) for path in linear_paths}
+    build_fast_linears(decoder, sources, formats, device)
+    rest = {name: meta for name, meta in decoder.state_dict().items() if meta.is_meta}
+    state = {name: _dense_tensor(checkpoint, config, name, meta, dtype, device) for name, meta in rest.items()}
+    decoder.load_state_dict(state, assign=True, strict=False)
+    decoder.activation_dtype = dtype
+    return decoder.eval()
+
+
+def _linear_weights(decoder: Decoder) -> list[tuple[str, nn.Module]]:
+    return [(f"{path}.weight", module) for path, module in decoder.named_modules() if isinstance(module, nn.Linear)]
+
+
+def _linear_source(checkpoint: Checkpoint, config: ModelConfig, path: str) -> LinearSource:
+    name = f"{path}.weight"
+    if _tied(config, name):
+        name = "model.embed_tokens.weight"
+    weight = checkpoint.quantized.get(name)
+    if weight is None:
+        weight = _checked(checkpoint.tensors, name)
+    return LinearSource(weight, checkpoint.tensors.get(f"{path}.bias"))
+
+
+def _dense_tensor(
+    checkpoint: Checkpoint, config: ModelConfig, name: str, meta: torch.Tensor, dtype: torch.dtype, device: str
+) -> torch.Tensor:
+    weight = checkpoint.quantized.get(name)
+    tensor = weight.dequantize() if weight is not None else _checked(checkpoint.tensors, name)
+    if tuple(tensor.shape) != tuple(meta.shape):
+        raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, config expects {tuple(meta.shape)}")
+    return tensor.to(device=device, dtype=dtype)
+
+
+def _checked(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in tensors:
+        raise CheckpointError(f"checkpoint is missing tensor {name}")
+    return tensors[name]
 
 
 def _tied(config: ModelConfig, name: str) -> bool:

@@ -1,0 +1,132 @@
+"""A decoder in fast formats (fused q/k/v and gate/up, quantized or cast linears) against the exact path.
+
+The oracle is the exact decoder (float32, unfused) built from the very weight values the fast one
+holds: the kernel's dequantized weights. Only rounding may differ: the bfloat16 kernels' inputs
+and outputs (logits within a few bfloat16 steps). A GGUF file's Q4/Q8 tensors load quantized with
+the q/k permutation applied to whole rows, and round-trip the conversion cache unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+
+from tests.support.tiny_models import make_tiny_model
+from tests.worker.models.test_gguf_loader import write_tiny_gguf
+from worker.models.config import ModelConfig
+from worker.models.gguf_loader import load_gguf_checkpoint
+from worker.models.loader import build_decoder, load_model, read_checkpoint
+from worker.models.planned_linear import PlannedLinear
+from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from worker.models.row_plan import RowPlan
+from worker.models.weight_packing import as_kernel_sees
+
+Q = gguf.GGMLQuantizationType
+PROMPT = [5, 17, 99, 3, 42, 250, 7, 7, 31, 64, 12]
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@functools.cache
+def tiny_folder(family: str) -> Path:
+    import tempfile
+
+    return make_tiny_model(Path(tempfile.mkdtemp(prefix=f"fast-{family}-")) / "model", family, seed=3)
+
+
+def kernel_values(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    quantized = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
+    return as_kernel_sees(quantized).dequantize()
+
+
+def exact_decoder_with_values_of(folder: Path, kind: str):
+    """The float32 exact-path decoder whose linear weights are what a `kind` kernel multiplies by."""
+    checkpoint = read_checkpoint(folder)
+    config = ModelConfig.from_hf(checkpoint.config)
+    tensors = dict(checkpoint.tensors)
+    for name, tensor in checkpoint.tensors.items():
+        if name.endswith(".weight") and (name == "lm_head.weight" or name.split(".")[-2] in LINEARS):
+            tensors[name] = kernel_values(tensor, kind) if kind != "bfloat16" else tensor.bfloat16().float()
+    return build_decoder(config, tensors, torch.float32)
+
+
+def logits(decoder, token_ids: list[int]) -> torch.Tensor:
+    cache = decoder.new_cache(len(token_ids))
+    return decoder(torch.tensor(token_ids), torch.arange(len(token_ids)), cache).logits  # [T, vocab]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("served_by", ["quantized", "bfloat16 twin"])
+def test_fast_decoder_matches_exact_decoder_on_the_same_values(family: str, kind: str, served_by: str) -> None:
+    folder = tiny_folder(family)
+    fmt = kind if served_by == "quantized" else "bfloat16"
+    fast = load_model(folder, dtype="auto", quantize=kind, row_plan=RowPlan.single(fmt)).decoder
+    exact = exact_decoder_with_values_of(folder, kind)
+    ours, expected = logits(fast, PROMPT), logits(exact, PROMPT)
+    assert fast.model.layers[0].self_attn.qkv_proj is not None  # fused
+    scale = expected.abs().max().item()
+    assert (ours - expected).abs().max().item() < 0.06 * scale  # bfloat16 activations in the linears
+    assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_mixed_plan_switches_formats_by_row_count() -> None:
+    model = load_model(
+        tiny_folder("qwen3"), dtype="auto", quantize="int4", row_plan=RowPlan(((2, "int4"), (None, "bfloat16")))
+    )
+    head = model.decoder.lm_head
+    assert isinstance(head, PlannedLinear) and head.weight_formats == ("int4", "bfloat16")
+    selector = model.decoder.selector
+    assert selector is not None and selector.plan.format_for(3) == "bfloat16" and selector.decode_format == "int4"
+
+
+def test_measured_plan_is_set_at_load() -> None:
+    model = load_model(tiny_folder("qwen3"), dtype="auto", quantize="int4")
+    selector = model.decoder.selector
+    assert selector is not None and {fmt for _, fmt in selector.plan.buckets} <= {"int4", "bfloat16"}
+
+
+def test_explicit_float32_keeps_the_unfused_exact_path() -> None:
+    decoder = load_model(tiny_folder("qwen3"), dtype="float32").decoder
+    assert decoder.model.layers[0].self_attn.qkv_proj is None and decoder.selector is None
+    assert decoder.lm_head.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_gguf_quantized_tensors_stay_quantized_in_hf_row_order(tmp_path: Path, qtype: Q) -> None:
+    write_tiny_gguf(tmp_path / "tiny.gguf", qtype=qtype)
+    dense = load_gguf_checkpoint(tmp_path / "tiny.gguf")
+    kept = load_gguf_checkpoint(tmp_path / "tiny.gguf", keep_quantized=True)
+    expected_kind = Int8Weight if qtype == Q.Q8_0 else Int4Weight
+    assert kept.quantized and all(isinstance(w, expected_kind) for w in kept.quantized.values())
+    assert "model.layers.0.self_attn.q_proj.weight" in kept.quantized  # permuted rows, still quantized
+    for name, weight in kept.quantized.items():
+        assert torch.equal(weight.dequantize(), dense.tensors[name]), name
+    assert set(kept.tensors) | set(kept.quantized) == set(dense.tensors)
+
+
+def test_gguf_cache_round_trips_quantized_tensors(tmp_path: Path) -> None:
+    path, cache_dir = tmp_path / "tiny.gguf", tmp_path / "cache"
+    write_tiny_gguf(path, qtype=Q.Q4_1, qtype_overrides={"token_embd.weight": Q.Q8_0})
+    fresh = load_gguf_checkpoint(path, cache_dir=cache_dir, keep_quantized=True)
+    cached = load_gguf_checkpoint(path, cache_dir=cache_dir, keep_quantized=True)
+    assert cached.quantized.keys() == fresh.quantized.keys() and cached.tensors.keys() == fresh.tensors.keys()
+    for name, weight in fresh.quantized.items():
+        again = cached.quantized[name]
+        assert type(again) is type(weight) and again.group_size == weight.group_size, name
+        assert torch.equal(again.dequantize(), weight.dequantize()), name
+    dense_cached = load_gguf_checkpoint(path, cache_dir=cache_dir)
+    assert all(torch.equal(dense_cached.tensors[n], w.dequantize()) for n, w in fresh.quantized.items())
+
+
+def test_q4_gguf_loads_into_int4_without_requantizing(tmp_path: Path) -> None:
+    write_tiny_gguf(tmp_path / "tiny.gguf", qtype=Q.Q4_1)
+    model = load_model(tmp_path / "tiny.gguf", dtype="auto", row_plan=RowPlan.single("int4"))
+    assert model.formats is not None and model.formats.body == "int4"
+    exact = load_model(tmp_path / "tiny.gguf", dtype="float32").decoder
+    ours, expected = logits(model.decoder, PROMPT[:6]), logits(exact, PROMPT[:6])
+    # same int4 grid, scales rounded to bfloat16: close to the file's own float32 model
+    assert (ours - expected).abs().max().item() < 0.03 * expected.abs().max().item()

@@ -1,0 +1,152 @@
+"""A decoder's linear layers in their chosen weight formats, with q/k/v and gate/up fused.
+
+`build_fast_linears` replaces every `Linear` of a (meta-built) decoder by a `PlannedLinear`
+holding one module per format (weight_formats.py), made from the checkpoint's weight as it is:
+a GGUF Q4 tensor becomes int4 without a float detour, a float tensor is quantized here, and a
+dense alternative is the quantized weight dequantized with the kernel's own rounded scales (so
+every format holds the same values). The exact path (dense in the activation dtype) never comes
+here: the loader keeps the plain `Linear`s for it, unfused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from worker.models.decoder import MLP, Attention, Decoder
+from worker.models.linear import Linear
+from worker.models.planned_linear import PlannedLinear
+from worker.models.quantized_linear import QuantizedLinear
+from worker.models.quantized_weight import (
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    concat_rows,
+    dequantized,
+    quantize_int4,
+    quantize_int8,
+)
+from worker.models.row_plan import FormatSelector
+from worker.models.weight_formats import LinearFormats, WeightFormat
+from worker.models.weight_packing import as_kernel_sees
+
+SourceWeight = torch.Tensor | QuantizedWeight  # [out, in] dense, or as the file quantized it
+DENSE_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(slots=True)
+class LinearSource:
+    weight: SourceWeight
+    bias: torch.Tensor | None  # [out]
+
+
+def build_fast_linears(
+    decoder: Decoder, sources: dict[str, LinearSource], formats: LinearFormats, device: torch.device | str
+) -> None:
+    """Install every linear of `decoder` from `sources` (keyed by module path, "model.layers.0.mlp.up_proj")."""
+    for layer_index, layer in enumerate(decoder.model.layers):
+        prefix = f"model.layers.{layer_index}"
+        _fuse_attention(layer.self_attn, sources, f"{prefix}.self_attn", formats, device)
+        _fuse_mlp(layer.mlp, sources, f"{prefix}.mlp", formats, device)
+    head = planned_linear(sources["lm_head"], formats.head, formats, device)
+    if "int4" in head.weight_formats and len(head.weight_formats) == 1:  # a drafter's subset selects its rows
+        head.source = _in_format(sources["lm_head"].weight, "int4")  # type: ignore[assignment]
+    elif "int8" in head.weight_formats and len(head.weight_formats) == 1:
+        head.source = _in_format(sources["lm_head"].weight, "int8")  # type: ignore[assignment]
+    decoder.lm_head = head
+    decoder.share_selector(FormatSelector(formats.formats))
+
+
+def _fuse_attention(
+    attn: Attention, sources: dict[str, LinearSource], prefix: str, formats: LinearFormats, device: torch.device | str
+) -> None:
+    parts = [sources[f"{prefix}.{name}"] for name in ("q_proj", "k_proj", "v_proj")]
+    attn.qkv_proj = planned_linear(stack_rows(parts), formats.body, formats, device)
+    del attn.q_proj, attn.k_proj, attn.v_proj
+    attn.o_proj = planned_linear(sources[f"{prefix}.o_proj"], formats.body, formats, device)
+
+
+def _fuse_mlp(
+    mlp: MLP, sources: dict[str, LinearSource], prefix: str, formats: LinearFormats, device: torch.device | str
+) -> None:
+    parts = [sources[f"{prefix}.{name}"] for name in ("gate_proj", "up_proj")]
+    mlp.gate_up_proj = planned_linear(stack_rows(parts), formats.body, formats, device)
+    del mlp.gate_proj, mlp.up_proj
+    mlp.down_proj = planned_linear(sources[f"{prefix}.down_proj"], formats.body, formats, device)
+
+
+def stack_rows(parts: list[LinearSource]) -> LinearSource:
+    """One source whose rows are the parts' rows in order; quantized parts stay quantized if they can."""
+    weights = [part.weight for part in parts]
+    stacked: SourceWeight | None = None
+    if not any(isinstance(w, torch.Tensor) for w in weights):
+        stacked = concat_rows([w for w in weights if not isinstance(w, torch.Tensor)])
+    if stacked is None:
+        stacked = torch.cat([dequantized(w) for w in weights])
+    biases = [part.bias for part in parts]
+    if all(b is None for b in biases):
+        return LinearSource(stacked, None)
+    filled = [
+        b if b is not None else torch.zeros(dequantized(w).shape[0]) for b, w in zip(biases, weights, strict=True)
+    ]
+    return LinearSource(stacked, torch.cat(filled))
+
+
+def planned_linear(
+    source: LinearSource, primary: WeightFormat, formats: LinearFormats, device: torch.device | str
+) -> PlannedLinear:
+    """A layer holding `primary` and, if the model keeps one, the dense alternative of the same values."""
+    out_features, in_features = source.weight.shape
+    kernel_weight = _in_format(source.weight, primary)
+    impls: dict[str, nn.Module] = {primary: format_module(kernel_weight, source.bias, primary, formats, device)}
+    alternative = formats.alternative
+    if alternative is not None and alternative == primary:  # every layer holds its formats in one order
+        impls[f"{alternative} (again)"] = impls[primary]
+    elif alternative is not None:
+        twin = (
+            as_kernel_sees(kernel_weight).dequantize() if not isinstance(kernel_weight, torch.Tensor) else kernel_weight
+        )
+        impls[alternative] = format_module(twin, source.bias, alternative, formats, device)
+    return PlannedLinear(impls, in_features, out_features)
+
+
+def format_module(
+    weight: SourceWeight,
+    bias: torch.Tensor | None,
+    weight_format: WeightFormat,
+    formats: LinearFormats,
+    device: torch.device | str,
+) -> nn.Module:
+    if weight_format in ("int4", "int8"):
+        assert not isinstance(weight, torch.Tensor), "quantize before packing"
+        activation = DENSE_DTYPES[formats.activation_dtype]
+        return QuantizedLinear(weight, None if bias is None else bias.to(activation), device)
+    return dense_linear(dequantized(weight), bias, DENSE_DTYPES[weight_format], device)
+
+
+def dense_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device | str
+) -> Linear:
+    out_features, in_features = weight.shape
+    with torch.device("meta"):
+        linear = Linear(in_features, out_features, bias=bias is not None)
+    linear.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
+    return linear
+
+
+def _in_format(weight: SourceWeight, weight_format: WeightFormat) -> SourceWeight:
+    """The weight a `weight_format` module is built from: kept if it already is one, else converted."""
+    if weight_format == "int4":
+        return weight if isinstance(weight, Int4Weight) else quantize_int4(dequantized(weight))
+    if weight_format == "int8":
+        return weight if isinstance(weight, Int8Weight) else quantize_int8(dequantized(weight))
+    return weight

@@ -1,0 +1,89 @@
+"""Which weight format each linear layer gets: a torch-free decision made once, at load.
+
+A weight format is how a linear layer's matrix is held and multiplied:
+  float64 / float32 / bfloat16 / float16   dense, multiplied in that dtype
+  int8                           weight-only, one scale per output row (`_weight_int8pack_mm`)
+  int4                           weight-only, groups of 32 along the input, scale + zero each
+                                 (`_weight_int4pack_mm[_for_cpu]`)
+The activation dtype (`--dtype`) is separate: it is the residual stream's, the norms', the
+attention's and the KV cache's. A linear casts its input to its kernel's dtype and back.
+
+`--quantize` chooses the body's format (q/k/v/o and the MLP), the head's (lm_head), and an
+alternative dense format kept beside a quantized one for the row counts where it is faster
+(a verification forward over many draft tokens; see row_plan.py). `none` is today's exact path:
+dense weights in the activation dtype, nothing fused, nothing cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+WeightFormat = Literal["float64", "float32", "bfloat16", "float16", "int8", "int4"]
+Quantize = Literal["auto", "none", "int8", "int4"]
+ActivationDtype = Literal["auto", "float32", "float64", "bfloat16", "float16"]
+QUANTIZE_CHOICES: tuple[Quantize, ...] = ("auto", "none", "int8", "int4")
+DTYPE_CHOICES: tuple[ActivationDtype, ...] = ("auto", "float32", "float64", "bfloat16")
+QUANTIZED_FORMATS: frozenset[str] = frozenset({"int8", "int4"})
+# Keep a second, dense copy of a quantized model for large row counts only while it is small:
+# it costs 2 bytes per parameter beside the ~0.6 of int4.
+MAX_ALTERNATIVE_PARAMS = 2_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LinearFormats:
+    activation_dtype: str  # "float32", "float64", "bfloat16", "float16"
+    body: WeightFormat  # q/k/v/o projections and the MLP
+    head: WeightFormat  # lm_head
+    alternative: WeightFormat | None = None  # a dense copy of every linear, for the rows it wins
+
+    @property
+    def is_exact_path(self) -> bool:
+        """Dense weights in the activation dtype: the unfused, uncast path of before."""
+        dense = self.activation_dtype
+        return self.body == dense and self.head == dense and self.alternative is None
+
+    @property
+    def formats(self) -> tuple[WeightFormat, ...]:
+        """Every format held in memory: the body's first, then the alternative, if any."""
+        return (self.body,) if self.alternative is None else (self.body, self.alternative)
+
+
+def resolve_activation_dtype(dtype: str, device_type: str) -> str:
+    """`auto`: float32 on CPU (the kernels cast to bfloat16 themselves; the rest stays exact-ish
+    and costs little), bfloat16 on CUDA."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device_type == "cuda" else "float32"
+
+
+def resolve_quantize(quantize: str, dtype: str, source_quantization: str | None) -> str:
+    """`auto`: an explicit float dtype asks for the exact path ("none"); otherwise keep what the
+    file holds (a Q4 GGUF stays int4, a Q8_0 one int8) and leave float checkpoints dense."""
+    if quantize != "auto":
+        return quantize
+    if dtype != "auto":
+        return "none"
+    return source_quantization or "none"
+
+
+def linear_formats(
+    quantize: str, dtype: str, device_type: str, source_quantization: str | None, num_params: int
+) -> LinearFormats:
+    """The formats for a model: see the module docstring; `source_quantization` is "int4", "int8" or None."""
+    activation = resolve_activation_dtype(dtype, device_type)
+    chosen = resolve_quantize(quantize, dtype, source_quantization)
+    if chosen == "none":
+        return LinearFormats(activation, _dense(activation), _dense(activation))
+    if chosen not in QUANTIZED_FORMATS:
+        raise ValueError(f"quantize={quantize!r}: choose from {', '.join(QUANTIZE_CHOICES)}")
+    alternative: WeightFormat | None = "bfloat16" if num_params <= MAX_ALTERNATIVE_PARAMS else None
+    body: WeightFormat = "int4" if chosen == "int4" else "int8"
+    return LinearFormats(activation, body, body, alternative)
+
+
+def _dense(activation: str) -> WeightFormat:
+    formats: dict[str, WeightFormat] = {"float64": "float64", "float32": "float32", "bfloat16": "bfloat16"}
+    if activation not in formats and activation != "float16":
+        raise ValueError(f"dtype={activation!r}: choose from {', '.join(DTYPE_CHOICES)}")
+    return formats.get(activation, "float16")
