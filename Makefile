@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup run generate test test-all test-hardening ci-tools bench clean
+.PHONY: setup run generate test test-all test-hardening lint ci-tools bench clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,12 @@ HARDENING_TESTS := tests/e2e/test_load.py tests/e2e/test_faults.py tests/e2e/tes
 	tests/worker/chat tests/worker/engine/test_detokenizer.py tests/worker/engine/test_stop_strings.py
 test-hardening: setup
 	ARBOR_LOAD_SECONDS=120 ARBOR_FUZZ_SCALE=10 $(BIN)/pytest -q -m "" $(HARDENING_TESTS) $(ARGS)
+
+# The linter, the formatter's check and the type checker, as configured in pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/arbor bench decode $(ARGS)

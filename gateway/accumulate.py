@@ -7,6 +7,7 @@ ones append argument fragments, exactly as an OpenAI client reassembles a stream
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.openai_responses import UsageInfo
 from shared.openai_messages import ToolCall, ToolCallFunction
@@ -72,3 +73,12 @@ class Outcome:
         prompt = max(state.prompt_tokens for state in self.choices)
         completion = sum(state.completion_tokens for state in self.choices)
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class Outcomes(Protocol):
+    """What a reply body is made from: one job's `Outcome`, or a prompt batch's (`gateway.batch`)."""
+
+    @property
+    def choices(self) -> list[ChoiceState]: ...
+
+    def usage(self) -> UsageInfo: ...

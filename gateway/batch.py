@@ -13,7 +13,7 @@ Any prompt's failure fails the whole request, and `close()` cancels whatever is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from gateway.accumulate import ChoiceState
 from gateway.generation import Generation
@@ -60,7 +60,7 @@ class GenerationBatch:
         for gen in self._generations:
             await gen.close()
 
-    async def batches(self) -> AsyncIterator[list[DeltaEvent | FinalEvent]]:
+    async def batches(self) -> AsyncGenerator[list[DeltaEvent | FinalEvent], None]:
         """Whatever any prompt's job has sent, renumbered, as soon as it is here; `finished` is True
         when the last batch is handed out. Raises the first failure of any prompt."""
         streams = [gen.batches() for gen in self._generations]

@@ -8,7 +8,7 @@ chunk then carries "usage": null).
 
 from __future__ import annotations
 
-from gateway.accumulate import ChoiceState, Outcome
+from gateway.accumulate import ChoiceState, Outcomes
 from gateway.openai_responses import (
     ChatChoice,
     ChatCompletion,
@@ -54,7 +54,7 @@ class ChatFormat:
     def usage_chunk(self, usage: UsageInfo) -> ChatCompletionChunk:
         return self._chunk([], usage)
 
-    def body(self, outcome: Outcome) -> ChatCompletion:
+    def body(self, outcome: Outcomes) -> ChatCompletion:
         choices = [self._choice(i, state) for i, state in enumerate(outcome.choices)]
         return ChatCompletion(
             id=self._id,

@@ -6,7 +6,7 @@ Legacy completions have no role chunk and no reasoning; logprobs use the old par
 
 from __future__ import annotations
 
-from gateway.accumulate import ChoiceState, Outcome
+from gateway.accumulate import ChoiceState, Outcomes
 from gateway.openai_responses import Completion, CompletionChoice, CompletionLogprobs, UsageInfo
 from shared.openai_schema import CompletionRequest
 from shared.protocol import DeltaEvent, FinalEvent, TokenLogprob
@@ -38,7 +38,7 @@ class CompletionFormat:
     def usage_chunk(self, usage: UsageInfo) -> Completion:
         return self._completion([], usage)
 
-    def body(self, outcome: Outcome) -> Completion:
+    def body(self, outcome: Outcomes) -> Completion:
         choices = [self._choice(i, state) for i, state in enumerate(outcome.choices)]
         body = self._completion(choices)
         body.usage = outcome.usage()

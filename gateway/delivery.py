@@ -54,7 +54,7 @@ class EventReader:
         self,
         redis: Redis,
         request_id: str,
-        queue: asyncio.Queue,
+        queue: asyncio.Queue[object],  # raw event JSON (EventHub), or DISCONNECTED
         deadline: float,  # loop.time() by which the request must end
         poll_s: float,
         timeout_s: float,  # for each Redis call
@@ -115,6 +115,7 @@ class EventReader:
         if item is DISCONNECTED:
             self._gone = True
             return
+        assert isinstance(item, str | bytes), item  # else the raw JSON of an event (EventHub)
         event = _parse(item)
         self._keep(event)
         if event.seq > self._next_seq:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
@@ -75,14 +76,14 @@ def from_validation(exc: ValidationError) -> ApiError:
     return invalid_request("; ".join(messages), param)
 
 
-def _param(error: Mapping) -> str | None:
+def _param(error: Mapping[str, Any]) -> str | None:
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, UnsupportedField):
         return cause.param
     return ".".join(str(part) for part in error["loc"]) or None
 
 
-def _describe(error: Mapping) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     param = _param(error)
     text = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "json_invalid":

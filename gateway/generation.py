@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 
 import anyio
@@ -111,7 +111,7 @@ class Generation:
             entry=(keys.request_stream(self.job.model), entry_id),
         )
 
-    async def batches(self) -> AsyncIterator[list[DeltaEvent | FinalEvent]]:
+    async def batches(self) -> AsyncGenerator[list[DeltaEvent | FinalEvent], None]:
         """Deltas and finals in seq order, each batch the next one (waited for) and those after it
         already here. Raises GenerationFailed or delivery.ClientGone.
 

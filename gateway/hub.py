@@ -17,6 +17,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 from redis.asyncio import Redis
@@ -36,7 +37,7 @@ class EventHub:
         self._timeout_s = timeout_s
         self.token = uuid.uuid4().hex[:8]  # in every request id this gateway makes
         self._pattern = keys.events_channel(f"*-{self.token}*")
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, asyncio.Queue[object]] = {}  # raw event JSON, and delivery.DISCONNECTED
         self._listening = asyncio.Event()  # the pattern subscription is confirmed
         self._reader: asyncio.Task[None] | None = None
 
@@ -55,12 +56,12 @@ class EventHub:
             await self._pubsub.aclose()
 
     @asynccontextmanager
-    async def subscription(self, request_id: str) -> AsyncIterator[asyncio.Queue]:
+    async def subscription(self, request_id: str) -> AsyncIterator[asyncio.Queue[object]]:
         """A queue that receives the raw JSON of every event published for `request_id` (an id
         from `request_id()`). Raises TimeoutError if the hub cannot listen (Redis down)."""
         channel = keys.events_channel(request_id)
         assert f"-{self.token}" in request_id, f"{request_id} is not one of this gateway's request ids"
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[channel] = queue
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -87,7 +88,7 @@ class EventHub:
             if message is not None:
                 self._dispatch(message)
 
-    def _dispatch(self, message: dict) -> None:
+    def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "pmessage":
             queue = self._queues.get(message["channel"])

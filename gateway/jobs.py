@@ -78,7 +78,8 @@ async def enqueue(redis: Redis, job: Job, max_queue: int) -> str:
     )
     if isinstance(reply, list):
         raise QueueFull(int(reply[0]))
-    return reply
+    entry_id: str = reply  # decode_responses=True
+    return entry_id
 
 
 async def cancel(redis: Redis, request_id: str) -> None:

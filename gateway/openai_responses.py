@@ -7,7 +7,7 @@ so a delta carries just its keys while `finish_reason: null` can still be sent e
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -120,7 +120,7 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def dump(model: BaseModel) -> dict:
+def dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_unset=True)
 
 

@@ -37,7 +37,9 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": REF.format(model=model.__name__)}
 
 
-def _generation(summary: str, request: type[BaseModel], body: type[BaseModel], chunk: type[BaseModel]) -> dict:
+def _generation(
+    summary: str, request: type[BaseModel], body: type[BaseModel], chunk: type[BaseModel]
+) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,

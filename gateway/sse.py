@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -13,6 +14,6 @@ DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 
 
-def sse_data(payload: BaseModel | dict) -> bytes:
+def sse_data(payload: BaseModel | dict[str, Any]) -> bytes:
     text = dump_json(payload) if isinstance(payload, BaseModel) else json.dumps(payload, separators=(",", ":"))
     return f"data: {text}\n\n".encode()

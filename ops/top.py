@@ -77,7 +77,8 @@ def render(current: tuple[float, FleetSnapshot], previous: tuple[float, FleetSna
     now, fleet = current
     parts: list[Table | str] = [_queue_table(fleet), _worker_table(fleet, now, previous)]
     if fleet.restarts:
-        parts.append("restarts: " + ", ".join(f"{name} {count}" for name, count in sorted(fleet.restarts.items())))
+        counts = ", ".join(f"{name} {count}" for name, count in sorted(fleet.restarts.items()))
+        parts.append(f"restarts by arbor up: {counts}")
     return Group(*parts)
 
 

@@ -12,6 +12,7 @@ stack's URLs are in a runtime file (ops/stack_file.py) that `arbor top` reads.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -64,7 +65,8 @@ def run_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    supervisor = Supervisor(RestartPolicy(), on_restart=_restart_counter(redis_url))
+    restarts = RestartCounts(redis_url)
+    supervisor = Supervisor(RestartPolicy(), on_restart=restarts.count)
     stack_path: Path | None = None
     try:
         supervisor.add("gateway", _command(["gateway"]), env)
@@ -72,8 +74,11 @@ def run_up(args: argparse.Namespace) -> int:
             supervisor.add(f"worker-{number}", _command(_worker_args(args)), env)
         url = f"http://{args.host}:{args.port}"
         outcome = _wait_healthy(url, supervisor, args.ready_timeout, lambda: stopping)
+        if stopping:
+            return 0  # asked to stop while starting: a clean stop
         if outcome is not True:
-            return 0 if stopping else _fail(outcome)  # asked to stop while starting: a clean stop
+            return _fail(outcome)
+        restarts.start([child.name for child in supervisor.children])
         info = StackInfo(os.getpid(), args.port, url, redis_url, args.workers)
         stack_path = write_stack(info, runtime_dir())
         _announce(url, args.workers, served_name(args.model))
@@ -96,17 +101,26 @@ def _fail(outcome: GiveUp | str) -> int:
     return 1
 
 
-def _restart_counter(redis_url: str) -> Callable[[str], None]:
-    """Counts each restart in Redis, where the gateway's /metrics and `arbor top` read it."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
+class RestartCounts:
+    """Each process's restarts in Redis, where the gateway's /metrics and `arbor top` read them.
+    Every process starts at 0, so the counter is exported before its first restart."""
 
-    def count(name: str) -> None:
+    def __init__(self, redis_url: str) -> None:
+        timeout_s = REDIS_TIMEOUT_S
+        self._client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+
+    def start(self, names: list[str]) -> None:
+        for name in names:
+            self._write(name, functools.partial(self._client.hsetnx, keys.PROCESS_RESTARTS, name, 0))
+
+    def count(self, name: str) -> None:
+        self._write(name, functools.partial(self._client.hincrby, keys.PROCESS_RESTARTS, name, 1))
+
+    def _write(self, name: str, write: Callable[[], object]) -> None:
         try:
-            client.hincrby(keys.PROCESS_RESTARTS, name, 1)
+            write()
         except redis.RedisError as error:  # Redis down: the restart still happens, uncounted
-            print(f"arbor up: could not count {name}'s restart ({type(error).__name__})", file=sys.stderr)
-
-    return count
+            print(f"arbor up: could not count {name}'s restarts ({type(error).__name__})", file=sys.stderr)
 
 
 def _check_settings(args: argparse.Namespace) -> None:
@@ -125,7 +139,7 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _worker_flags(args: argparse.Namespace) -> dict[str, str]:
+def _worker_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags `arbor up` passes on to each worker, where given."""
     return {flag: getattr(args, flag) for flag in ("model", "speculation", "draft") if getattr(args, flag) is not None}
 
@@ -136,9 +150,10 @@ def _command(argv: list[str]) -> list[str]:
 
 def _wait_healthy(
     url: str, supervisor: Supervisor, timeout_s: float, stopping: Callable[[], bool]
-) -> bool | GiveUp | str:
+) -> Literal[True] | GiveUp | str:
     """True once the gateway answers /health with 200 (a ready worker); a process that cannot
-    be kept running, or a message at the deadline, otherwise. Restarts go on meanwhile."""
+    be kept running, or a message (at the deadline, or asked to stop), otherwise. Restarts go on
+    meanwhile."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stopping():
         give_up = supervisor.poll()
@@ -151,7 +166,7 @@ def _wait_healthy(
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.5)
-    return f"arbor up: not healthy after {timeout_s:.0f} s"
+    return "arbor up: stopped while starting" if stopping() else f"arbor up: not healthy after {timeout_s:.0f} s"
 
 
 def served_name(model: str | None) -> str:

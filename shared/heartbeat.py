@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+# A Redis hash's field names: str with decode_responses, bytes without (redis-py types them both).
+_Field = TypeVar("_Field", bound=bytes | str)
 
 
 class Heartbeat(BaseModel):
@@ -43,7 +47,7 @@ class Heartbeat(BaseModel):
         return {name: str(value) for name, value in fields.items()}
 
     @classmethod
-    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> Heartbeat:
+    def from_fields(cls, fields: Mapping[_Field, bytes | str]) -> Heartbeat:
         raw = {_text(k): _text(v) for k, v in fields.items()}
         return cls.model_validate(raw)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 
 async def live_workers(redis: Redis) -> list[Heartbeat]:
     """Heartbeats of every live worker, sorted by id. Callers bound it with a timeout."""
-    worker_ids = sorted(await redis.smembers(keys.WORKERS_SET))
+    worker_ids = sorted(cast(set[str], await redis.smembers(keys.WORKERS_SET)))  # decode_responses=True
     if not worker_ids:
         return []
     async with redis.pipeline(transaction=False) as pipe:

@@ -23,6 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from shared.openai_messages import Message, Tool, ToolChoice
 from shared.sampling import LOGIT_BIAS_LIMIT, SamplingParams
+from shared.structured_output import (
+    StructuredOutput,
+    StructuredOutputError,
+    choice_output,
+    json_schema_output,
+    tool_call_output,
+)
 
 REASONING_EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when a request omits temperature
@@ -57,26 +64,65 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: the answer is JSON that validates against `schema`. `strict`
+    is accepted either way: the schema is always enforced token by token, never just suggested."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
-    """`text`, or `json_object` (JSON mode: the answer is one JSON object, enforced token by token)."""
+    """`text`, `json_object` (the answer is one JSON object) or `json_schema` (one that validates)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    type: str
-    json_schema: dict[str, Any] | None = None  # read only to refuse it by name
-
-    @field_validator("type")
-    @classmethod
-    def _text_or_json_object(cls, value: str) -> str:
-        if value not in ("text", "json_object"):
-            raise UnsupportedField("response_format", f"type {value!r} is not supported; only 'text' and 'json_object'")
-        return value
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _no_schema(self) -> ResponseFormat:
-        if self.json_schema is not None:
-            raise UnsupportedField("response_format", "json_schema is not supported; use type 'json_object'")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise UnsupportedField("response_format", "json_schema is given with type 'json_schema', and only then")
         return self
+
+    def structured_output(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput("json_object", "", "response_format")
+        if self.json_schema is not None:
+            return json_schema_output(self.json_schema.schema_, "response_format.json_schema.schema")
+        return None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one of json (a schema), regex, choice, grammar (Lark or GBNF)
+    or json_object."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def structured_outputs(self) -> list[StructuredOutput]:
+        found = []
+        if self.json_ is not None:
+            found.append(json_schema_output(self.json_, "structured_outputs.json"))
+        if self.regex is not None:
+            found.append(StructuredOutput("regex", self.regex, "structured_outputs.regex"))
+        if self.choice is not None:
+            found.append(choice_output(self.choice, "structured_outputs.choice"))
+        if self.grammar is not None:
+            found.append(StructuredOutput("grammar", self.grammar, "structured_outputs.grammar"))
+        if self.json_object:
+            found.append(StructuredOutput("json_object", "", "structured_outputs.json_object"))
+        return found
 
 
 class _GenerationRequest(BaseModel):
@@ -104,6 +150,12 @@ class _GenerationRequest(BaseModel):
     min_tokens: int | None = Field(None, ge=0)  # vLLM's: tokens before EOS, stop tokens or stop strings may end it
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None  # OpenAI's on chat; vLLM takes it on completions too
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older names for the same constraints
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("n")
     @classmethod
@@ -154,6 +206,41 @@ class _GenerationRequest(BaseModel):
             raise UnsupportedField("min_tokens", f"{self.min_tokens} is more than max_tokens ({max_tokens})")
         return self
 
+    @model_validator(mode="after")
+    def _one_constraint_that_compiles(self) -> _GenerationRequest:
+        """At most one constraint, checked by the grammar engine here, before anything is queued
+        (cached by grammar: a repeated schema costs a dict lookup)."""
+        try:
+            found = self.structured_outputs_requested()
+            if len(found) > 1:
+                raise UnsupportedField(found[1].field, f"cannot be combined with {found[0].field}: give one constraint")
+            if found and self.min_tokens:
+                raise UnsupportedField("min_tokens", f"cannot be combined with {found[0].field}, which ends the text")
+            if found:
+                found[0].check()
+        except StructuredOutputError as error:
+            raise _unsupported(error) from None
+        return self
+
+    def structured_outputs_requested(self) -> list[StructuredOutput]:
+        found = [] if self.response_format is None else [self.response_format.structured_output()]
+        if self.structured_outputs is not None:
+            found += self.structured_outputs.structured_outputs()
+        if self.guided_json is not None:
+            found.append(json_schema_output(self.guided_json, "guided_json"))
+        if self.guided_regex is not None:
+            found.append(StructuredOutput("regex", self.guided_regex, "guided_regex"))
+        if self.guided_choice is not None:
+            found.append(choice_output(self.guided_choice, "guided_choice"))
+        if self.guided_grammar is not None:
+            found.append(StructuredOutput("grammar", self.guided_grammar, "guided_grammar"))
+        return [output for output in found if output is not None]
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The request's one constraint on its text, if any (validation allowed at most one)."""
+        found = self.structured_outputs_requested()
+        return found[0] if found else None
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -170,7 +257,6 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     reasoning_budget: int | None = Field(None, ge=0)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
@@ -203,31 +289,45 @@ class ChatCompletionRequest(_GenerationRequest):
             raise UnsupportedField("modalities", "only ['text'] is supported")
         return value
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _auto_or_none(cls, value: Any) -> Any:
-        if value is not None and value not in ("auto", "none"):
-            raise UnsupportedField("tool_choice", "only 'auto' and 'none' are supported")
-        return value
-
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise UnsupportedField("top_logprobs", "requires logprobs to be true")
         if self.reasoning_budget is not None and self.reasoning_effort is not None:
             raise UnsupportedField("reasoning_effort", "give reasoning_budget or reasoning_effort, not both")
-        if self.json_mode and self.tools:
-            raise UnsupportedField("response_format", "json_object cannot be combined with tools")
-        if self.json_mode and self.min_tokens:
+        forced = self.forced_tool_call()
+        text_constraint = super().structured_output()
+        if text_constraint is not None and self.tools and self.tool_choice != "none":
             raise UnsupportedField(
-                "min_tokens",
-                "cannot be combined with response_format json_object, whose answer ends when its object closes",
+                text_constraint.field, "cannot be combined with tools (unless tool_choice is 'none')"
             )
+        if forced is not None:
+            if self.min_tokens:
+                raise UnsupportedField("min_tokens", "cannot be combined with a forced tool call, which ends the text")
+            try:
+                forced.check()
+            except StructuredOutputError as error:
+                raise _unsupported(error) from None
         return self
 
-    @property
-    def json_mode(self) -> bool:
-        return self.response_format is not None and self.response_format.type == "json_object"
+    def forced_tool_call(self) -> StructuredOutput | None:
+        """tool_choice 'required' or a named function: the answer is a call (or, with parallel
+        calls, calls), in the Hermes format, its arguments by the function's schema."""
+        choice = self.tool_choice
+        if choice is None or choice in ("auto", "none"):
+            return None
+        if not self.tools:
+            raise UnsupportedField("tool_choice", "a forced tool call needs tools")
+        functions = [tool.function.model_dump(exclude_none=True) for tool in self.tools]
+        if not isinstance(choice, str):
+            functions = [function for function in functions if function["name"] == choice.function.name]
+            if not functions:
+                raise UnsupportedField("tool_choice", f"names {choice.function.name!r}, which is not in tools")
+        parallel = choice == "required" and self.parallel_tool_calls is not False
+        return tool_call_output(functions, parallel, "tool_choice")
+
+    def structured_output(self) -> StructuredOutput | None:
+        return self.forced_tool_call() or super().structured_output()
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -343,8 +443,12 @@ def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) ->
         logit_bias={int(token_id): bias for token_id, bias in (req.logit_bias or {}).items()},
         # Checked against an explicit max_tokens above; a defaulted one just caps it.
         min_tokens=min(req.min_tokens or 0, max_tokens),
-        json_object=isinstance(req, ChatCompletionRequest) and req.json_mode,
+        structured=req.structured_output(),
     )
+
+
+def _unsupported(error: StructuredOutputError) -> UnsupportedField:
+    return UnsupportedField(error.field, str(error).removeprefix(f"{error.field}: "))
 
 
 def _as_list(stop: str | list[str] | None) -> list[str]:

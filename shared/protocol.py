@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -64,6 +64,10 @@ class ErrorCode:
     DEADLINE_EXCEEDED = "deadline_exceeded"  # 504: the job's deadline passed before it finished
     DEAD_LETTER = "dead_letter"  # 500: too many deliveries, given up
     INTERNAL_ERROR = "internal_error"  # 500: anything else
+
+
+# A Redis hash's field names: str with decode_responses, bytes without (redis-py types them both).
+_Field = TypeVar("_Field", bound=bytes | str)
 
 
 def _decode(value: bytes | str) -> str:
@@ -87,12 +91,13 @@ class Job(BaseModel):
         return {name: str(value) for name, value in self.model_dump().items()}
 
     @classmethod
-    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> Job:
+    def from_fields(cls, fields: Mapping[_Field, bytes | str]) -> Job:
         return cls.model_validate({_decode(k): _decode(v) for k, v in fields.items()})
 
     def request(self) -> dict[str, Any]:
         """The request body as a dict (validate it with the model from `shared.openai_schema`)."""
-        return json.loads(self.body)
+        body: dict[str, Any] = json.loads(self.body)  # a validated request's JSON: an object
+        return body
 
 
 class JobState(BaseModel):
@@ -117,7 +122,7 @@ class JobState(BaseModel):
         return {"worker": self.worker, "attempt": str(self.attempt), "next_seq": str(self.next_seq)}
 
     @classmethod
-    def from_fields(cls, fields: Mapping[bytes | str, bytes | str], log: Sequence[bytes | str] = ()) -> JobState:
+    def from_fields(cls, fields: Mapping[_Field, bytes | str], log: Sequence[bytes | str] = ()) -> JobState:
         """The state hash plus the job's event log (its first `next_seq` entries are replayed)."""
         raw = {_decode(k): _decode(v) for k, v in fields.items()}
         state = cls(worker=raw["worker"], attempt=int(raw["attempt"]), next_seq=int(raw.get("next_seq", 0)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -46,7 +47,7 @@ async def read_queue_stats(redis: Redis, model: str) -> QueueStats:
     return QueueStats(waiting, pending, _age_s(min(oldest, key=_id_ms)) if oldest else 0.0)
 
 
-async def _group(redis: Redis, stream: str) -> dict | None:
+async def _group(redis: Redis, stream: str) -> dict[str, Any] | None:
     try:
         groups = await redis.xinfo_groups(stream)
     except ResponseError:  # no such key: nothing was ever enqueued
@@ -62,7 +63,8 @@ async def _ungrouped(redis: Redis, stream: str) -> QueueStats:
 
 async def _first_id(redis: Redis, stream: str, start: str) -> list[str]:
     entries = await redis.xrange(stream, min=start, max="+", count=1)
-    return [entry_id for entry_id, _ in entries]
+    # decode_responses=True (every caller's client): entry ids are str, never None in XRANGE's reply
+    return [entry_id for entry_id, _ in cast(list[tuple[str, Any]], entries)]
 
 
 def _id_ms(entry_id: str) -> int:

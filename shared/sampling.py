@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.structured_output import StructuredOutput
+
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's: -100 all but bans a token, +100 all but forces it
 
 
@@ -23,7 +25,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, OpenAI's range
     min_tokens: int = 0  # vLLM's: no EOS or stop token, and no stop string, before this many tokens
-    json_object: bool = False  # JSON mode: the text is one JSON object (worker.engine.json_constraint)
+    structured: StructuredOutput | None = None  # the grammar the text follows (shared/structured_output.py)
+    constraint_after: str | None = None  # the grammar starts after this text (a think close tag) is out
 
     @property
     def greedy(self) -> bool:
@@ -40,10 +43,10 @@ class SamplingParams:
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
         _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "must be in [0, max_tokens]")
         _check(
-            not (self.json_object and self.min_tokens),
+            not (self.structured and self.min_tokens),
             "min_tokens",
             self.min_tokens,
-            "cannot be combined with JSON mode, which ends the text when its object closes",
+            "cannot be combined with a structured output, which ends the text when its grammar is complete",
         )
         for token_id, bias in self.logit_bias.items():
             _check(token_id >= 0, "logit_bias", token_id, "is not a token id")

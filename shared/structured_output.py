@@ -19,6 +19,7 @@ a model cannot spend its whole budget on newlines inside an object.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -64,17 +65,27 @@ class StructuredOutput:
         return llguidance.grammar_from(self.kind, self.spec)
 
     def check(self) -> str:
-        """The grammar, once llguidance has compiled it; StructuredOutputError otherwise."""
-        import llguidance
-
-        try:
-            grammar = self.grammar()
-        except ValueError as error:  # not JSON, or a GBNF grammar that does not convert
-            raise StructuredOutputError(self.field, str(error)) from None
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-        if is_error:
-            raise StructuredOutputError(self.field, messages[0].strip())
+        """The grammar, once llguidance has compiled it; StructuredOutputError otherwise. Cached
+        by (kind, spec): a schema sent again costs a dict lookup, not a compile."""
+        grammar, error = _checked(self)
+        if error is not None:
+            raise StructuredOutputError(self.field, error)
+        assert grammar is not None
         return grammar
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(output: StructuredOutput) -> tuple[str | None, str | None]:
+    """(grammar, None) or (None, the engine's message). The field is part of the key, so a
+    message always names the field of the request it answers."""
+    import llguidance
+
+    try:
+        grammar = output.grammar()
+    except ValueError as error:  # not JSON, or a GBNF grammar that does not convert
+        return None, str(error)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return (None, messages[0].strip()) if is_error else (grammar, None)
 
 
 def json_schema_output(schema: Any, field: str) -> StructuredOutput:

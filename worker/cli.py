@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import get_args
 
 from shared.sampling import SamplingParams
-from shared.settings import DEFAULT_PUBLISH_BUDGET, Speculation
+from shared.settings import DEFAULT_PUBLISH_BUDGET, Quantize, Speculation
+from shared.structured_output import StructuredOutput, json_schema_output
 
 # torch-free, so that `arbor gateway` builds this parser in an image without torch
 SPECULATION_MODES = get_args(Speculation)
+DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16")
+QUANTIZE_CHOICES = get_args(Quantize)
 
 
 def add_generate_parser(subparsers) -> None:
@@ -29,11 +32,13 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    add_precision_arguments(parser)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
         "--json-mode", action="store_true", help="the answer is one JSON object (the API's response_format json_object)"
     )
+    parser.add_argument("--json-schema", default=None, help="a JSON schema file the answer validates against")
+    parser.add_argument("--regex", default=None, help="a regular expression the answer matches")
     parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     parser.set_defaults(handler=run_generate)
 
@@ -50,12 +55,46 @@ def add_speculation_arguments(parser: argparse.ArgumentParser, default_mode: str
     parser.add_argument("--tree-budget", type=int, default=8, help="nodes in the best-first draft tree (tree)")
 
 
+def add_precision_arguments(parser: argparse.ArgumentParser, default: str | None = "auto") -> None:
+    """--dtype (activations) and --quantize (linear weights); worker/models/weight_formats.py.
+    `default` None: unset unless given (the worker's flags override its environment)."""
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default=default,
+        help="activation dtype; float32/float64 alone is the exact path (ARBOR_DTYPE, default auto: the "
+        "fastest close format on this device)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_CHOICES,
+        default=default,
+        help="linear weights: int4/int8 weight-only, none = dense in the dtype, auto = as the file holds "
+        "them (ARBOR_QUANTIZE)",
+    )
+
+
 def draft_options(args: argparse.Namespace):
     from worker.drafters.registry import DraftOptions
 
     if (args.num_draft is not None and args.num_draft < 1) or args.tree_budget < 1:
         raise ValueError("--num-draft and --tree-budget must be at least 1")
     return DraftOptions(draft=args.draft, num_draft=args.num_draft, tree_budget=args.tree_budget)
+
+
+def _structured_output(args: argparse.Namespace) -> StructuredOutput | None:
+    """--json-mode, --json-schema or --regex, checked here (a bad one is this command's one-line error)."""
+    given = [
+        StructuredOutput("json_object", "", "--json-mode") if args.json_mode else None,
+        json_schema_output(Path(args.json_schema).read_text(), "--json-schema") if args.json_schema else None,
+        StructuredOutput("regex", args.regex, "--regex") if args.regex is not None else None,
+    ]
+    found = [output for output in given if output is not None]
+    if len(found) > 1:
+        raise ValueError(f"{found[1].field} cannot be combined with {found[0].field}: give one constraint")
+    if found:
+        found[0].check()
+    return found[0] if found else None
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -71,7 +110,7 @@ def run_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p,
         seed=args.seed,
         stop=list(args.stop),
-        json_object=args.json_mode,
+        structured=_structured_output(args),
     )
     served = load_serving_model(
         args.model,
@@ -79,6 +118,7 @@ def run_generate(args: argparse.Namespace) -> int:
         draft_options(args),
         args.dtype,
         num_threads=args.threads,
+        quantize=args.quantize,
         cache_dir=WorkerSettings().cache_dir,
     )
     if args.chat:
@@ -151,6 +191,7 @@ def add_worker_parser(subparsers) -> None:
     )
     parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
     parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
+    add_precision_arguments(parser, default=None)
     parser.set_defaults(handler=run_worker)
 
 
@@ -166,6 +207,8 @@ _WORKER_FLAGS = (
     "publish_budget",
     "redis_url",
     "worker_id",
+    "dtype",
+    "quantize",
 )
 
 
@@ -225,9 +268,14 @@ def load_worker_model(settings):
 
     model = None if settings.model == DEFAULT_MODEL_NAME else settings.model
     options = DraftOptions(draft=Path(settings.draft) if settings.draft else None, tree_budget=settings.tree_budget)
-    dtype = "float32" if settings.dtype == "auto" else settings.dtype
     return load_serving_model(
-        model, settings.speculation, options, dtype, max_context=settings.max_context, cache_dir=settings.cache_dir
+        model,
+        settings.speculation,
+        options,
+        settings.dtype,
+        max_context=settings.max_context,
+        cache_dir=settings.cache_dir,
+        quantize=settings.quantize,
     )
 
 

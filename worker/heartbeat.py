@@ -68,7 +68,8 @@ def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, l
 async def beat(redis: Redis, beat_fields: Heartbeat, ttl_s: float) -> None:
     key = keys.worker_heartbeat(beat_fields.worker_id)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, mapping=beat_fields.to_fields())
+        # redis-py types `mapping` as Mapping[FieldT, ...], invariant in the key: it refuses a dict[str, str]
+        pipe.hset(key, mapping=beat_fields.to_fields())  # type: ignore[arg-type]
         pipe.pexpire(key, int(ttl_s * 1000))
         pipe.sadd(keys.WORKERS_SET, beat_fields.worker_id)
         await pipe.execute()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,7 +21,6 @@ from shared.openai_schema import ChatCompletionRequest, CompletionRequest, Gener
 from shared.protocol import ErrorCode, Job, JobState
 from shared.sampling import SamplingParams
 from worker.chat.template import ChatTemplateError, flatten_text_parts
-from worker.constraints.json_vocabulary import UnsupportedVocabulary
 from worker.engine.runner import ContextLengthError
 from worker.lane_output import OutputOptions, ReasoningOptions
 from worker.serving_model import ServingModel
@@ -101,30 +100,27 @@ def build_spec(
         raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
     _check_in_vocabulary("logit_bias", params.logit_bias, served)
     output = output_options(request, served, prompt_ids, params)
-    if params.json_object:
-        _check_json_mode(output, served)
+    if params.structured is not None:
+        params = _with_structured_output(params, output, served)
     return JobSpec(
         job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params, request.n, output, resume
     )
 
 
-def _check_json_mode(output: OutputOptions, served: ServingModel) -> None:
-    """JSON mode constrains the whole answer from its first token, so not one whose prompt opened
-    a think tag or that has a reasoning budget to spend (a model that may open the tag itself simply
-    cannot: `<think>` is not JSON). It needs the tokenizer's bytes, built here the first time, off
-    the owner thread."""
+def _with_structured_output(params: SamplingParams, output: OutputOptions, served: ServingModel) -> SamplingParams:
+    """A constraint starts where the answer does: after the think block when the prompt opened
+    one (a model that may open the tag itself cannot: the grammar does not allow it). Its grammar
+    is compiled here, off the owner thread, so the owner only copies it."""
+    structured, masks = params.structured, served.runner.grammar_masks
+    assert structured is not None and masks is not None, "load_serving_model sets the masks"
     reasoning = output.reasoning
-    if reasoning is not None and (reasoning.starts_in_reasoning or reasoning.budget is not None):
-        raise JobRejected(
-            "response_format json_object cannot be combined with reasoning: set "
-            "chat_template_kwargs.enable_thinking to false and give no reasoning budget",
-            ErrorCode.INVALID_REQUEST,
-        )
-    assert served.runner.json_masks is not None, "load_serving_model sets it"
+    if reasoning is not None and reasoning.starts_in_reasoning:
+        params = replace(params, constraint_after=reasoning.end_tag)
     try:
-        served.runner.json_masks.prepare()
-    except UnsupportedVocabulary as error:
-        raise JobRejected(str(error), ErrorCode.INVALID_REQUEST) from error
+        masks.compile(structured.check())
+    except ValueError as error:  # GrammarUnavailable, or a grammar this tokenizer cannot serve
+        raise JobRejected(f"{structured.field}: {error}", ErrorCode.INVALID_REQUEST) from error
+    return params
 
 
 def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]:
@@ -147,18 +143,18 @@ def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]
 def output_options(
     request: GenerationRequest, served: ServingModel, prompt_ids: list[int], params: SamplingParams
 ) -> OutputOptions:
-    stops = {
-        "stop": tuple(params.stop),
-        "include_stop": request.include_stop_str_in_output,
-        "min_tokens": params.min_tokens,
-    }
+    stops = OutputOptions(
+        stop=tuple(params.stop),
+        include_stop=request.include_stop_str_in_output,
+        min_tokens=params.min_tokens,
+    )
     if isinstance(request, CompletionRequest):
         echo = _prompt_text(request, served) if request.echo else ""
-        return OutputOptions(**stops, num_logprobs=request.logprobs, echo=echo)
+        return replace(stops, num_logprobs=request.logprobs, echo=echo)
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     parse_tool_calls = _tools(request) is not None
-    return OutputOptions(
-        **stops,
+    return replace(
+        stops,
         reasoning=_reasoning(request, served, prompt_ids),
         parse_tool_calls=parse_tool_calls,
         single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
@@ -193,14 +189,14 @@ def _reasoning(request: ChatCompletionRequest, served: ServingModel, prompt_ids:
     return ReasoningOptions(THINK_START, THINK_END, tail.rstrip().endswith(THINK_START), budget, close_ids)
 
 
-def _messages(request: ChatCompletionRequest) -> list[dict]:
+def _messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     messages = flatten_text_parts([message.model_dump(exclude_none=True) for message in request.messages])
     # `content: null` (an assistant turn that only calls tools) becomes "", as vLLM hands it to
     # string-content templates, which read `message.content` unguarded.
     return [_parse_tool_call_arguments({"content": "", **message}) for message in messages]
 
 
-def _parse_tool_call_arguments(message: dict) -> dict:
+def _parse_tool_call_arguments(message: dict[str, Any]) -> dict[str, Any]:
     # Templates expect a tool call's arguments as a mapping (`arguments | tojson`, `arguments.items()`);
     # OpenAI clients send them as JSON text. As vLLM does, hand templates the parsed object.
     calls = message.get("tool_calls")
@@ -222,7 +218,7 @@ def _json_object_or_text(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
-def _tools(request: ChatCompletionRequest) -> list[dict] | None:
+def _tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     if not request.tools or request.tool_choice == "none":
         return None
     return [tool.model_dump(exclude_none=True) for tool in request.tools]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import tokenizers
 
@@ -58,7 +59,7 @@ class OutputOptions:
 class LaneDelta:
     text: str = ""
     reasoning: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: LaneDelta) -> None:
         self.text += other.text
@@ -123,8 +124,8 @@ class LaneOutput:
             delta.reasoning += flushed.reasoning
             delta.extend(self._content(flushed.content))
         if self._tools is not None:
-            flushed = self._tools.flush()
-            delta.text += flushed.content
+            held = self._tools.flush()
+            delta.text += held.content
         return delta
 
     def tokens_to_force(self) -> list[int]:

@@ -10,6 +10,7 @@ Everything is read from the owner thread's counters at scrape time; nothing is c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -74,7 +75,7 @@ def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: flo
     return family
 
 
-def serve_metrics(collector: WorkerCollector, host: str, port: int):
+def serve_metrics(collector: WorkerCollector, host: str, port: int) -> WSGIServer:
     """Start the endpoint on a daemon thread; returns the server (stop it with `stop_metrics`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -82,7 +83,7 @@ def serve_metrics(collector: WorkerCollector, host: str, port: int):
     return server
 
 
-def stop_metrics(server) -> None:
+def stop_metrics(server: WSGIServer) -> None:
     """Stop serving and close the listening socket (`shutdown` alone leaves it open)."""
     server.shutdown()
     server.server_close()

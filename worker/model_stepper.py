@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import supports_prefix_reuse
+from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
@@ -49,7 +50,7 @@ class LaneState:
         return self.sequence.finished
 
     @property
-    def finish_reason(self) -> str | None:
+    def finish_reason(self) -> Literal["stop", "length"] | None:
         return self.sequence.finish_reason
 
     @property
@@ -156,8 +157,10 @@ class ModelStepper:
         keys, values = hit.target
         num = hit.num_tokens
         snapshot = hit.drafter
-        if self.runner.drafter is not None and num < hit.entry_tokens:
-            snapshot = self.runner.drafter.export_prefix(snapshot, num)
+        drafter = self.runner.drafter
+        if drafter is not None and num < hit.entry_tokens:
+            assert reuses_prefixes(drafter)  # or the prefill cache would be off (__init__)
+            snapshot = drafter.export_prefix(snapshot, num)
         self.runner.attach_prefix(sequence, keys[:, :, :num], values[:, :, :num], snapshot)
         return num
 

@@ -79,7 +79,10 @@ def _urgent(item: BatchItem) -> bool:
 
 
 def _due(item: BatchItem, stream_interval: int) -> bool:
-    return _urgent(item) or len(item.event.token_ids) >= stream_interval
+    if _urgent(item):
+        return True
+    assert isinstance(item, Publication) and isinstance(item.event, StepDelta)  # what is not urgent: a delta
+    return len(item.event.token_ids) >= stream_interval
 
 
 def _merge_into(pending: BatchItem, item: BatchItem) -> bool:

@@ -36,7 +36,16 @@ from typing import Protocol
 
 import tokenizers
 
-from shared.protocol import ErrorCode, ErrorEvent, FinalEvent, FinalStats, ToolCallDelta, Usage
+from shared.protocol import (
+    ErrorCode,
+    ErrorEvent,
+    FinalEvent,
+    FinalStats,
+    FinishReason,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
 from worker.jobs import JobSpec
 from worker.lane_output import LaneDelta, LaneOutput, format_logprobs
 from worker.model_stepper import LaneStart, LaneState, ModelStepper
@@ -235,7 +244,8 @@ class Owner:
     def _finish_stopped_replay(self, job: _Job, choice: int) -> None:
         output = job.outputs.pop(choice)
         job.finished.append(choice)
-        reason = "tool_calls" if output.made_tool_calls else "stop"  # a stop string, or the one call allowed
+        # stopped by a stop string, or by the one call allowed
+        reason: FinishReason = "tool_calls" if output.made_tool_calls else "stop"
         self._publish(
             job,
             FinalEvent(
@@ -326,7 +336,7 @@ class Owner:
 
     def _finish_choice(self, job: _Job, choice: int, state: LaneState) -> None:
         output = job.outputs.pop(choice)
-        reason = state.finish_reason or "stop"
+        reason: FinishReason = state.finish_reason or "stop"
         if reason == "stop" and output.made_tool_calls:
             reason = "tool_calls"
         job.finished.append(choice)
@@ -396,7 +406,7 @@ class Owner:
     # -- events -----------------------------------------------------------------------------
 
     def _publish_delta(
-        self, job: _Job, choice: int, delta: LaneDelta, token_ids: list[int], logprobs: list | None
+        self, job: _Job, choice: int, delta: LaneDelta, token_ids: list[int], logprobs: list[TokenLogprob] | None
     ) -> None:
         if not token_ids and delta.empty:
             return

@@ -9,10 +9,11 @@ one batch in flight and never a wait while there is a step to run.
 
 Why the owner thread itself, with no publisher thread: on a CPU the model's step is Python and
 holds the GIL; a second thread that wakes for every step takes the GIL from it, and each hand-off
-costs more than the publish. Measured on the tiny model (2 cores, docs/BENCHMARKS.md): a
-publisher thread cut the model's step rate to 0.71-0.82 of plain decoding, writing from the owner
-without waiting to 0.91-0.92. The write is one system call; the reply is read at the next `pump`,
-after the next step, by which time it has long arrived.
+costs more than the publish. Measured on the tiny model (2 cores; docs/BENCHMARKS.md,
+"Measurements behind the serving defaults"): a publisher thread cut the model's step rate to
+0.71-0.82 of plain decoding, writing from the owner without waiting to 0.91-0.92. The write is one
+system call; the reply is read at the next `pump`, after the next step, by which time it has long
+arrived.
 
 One batch in flight at a time: while Redis answers faster than a step (the normal case) every
 step goes out as its own batch; when it is slower, the steps made meanwhile wait in the outbox
@@ -36,7 +37,8 @@ as much downstream (hence the small default, `shared.settings.DEFAULT_PUBLISH_BU
 batch costs the owner ~10 microseconds (a host with cheap system calls) the configured interval
 stands. On this project's 2-core VM a batch costs the owner ~180-210 us to send and answer (timed
 with probes), with the caches cold after a step: at the 5 ms interval, a batch every ~2.6 steps of
-the tiny model, ~4% of the owner's time (docs/BENCHMARKS.md, session 7).
+the tiny model, ~4% of the owner's time (docs/BENCHMARKS.md, "Measurements behind the serving
+defaults").
 
 A job whose events nobody hears (PUBLISH reached no subscriber) for `orphan_timeout_s` is
 reported through `on_orphaned`: its gateway died, and the service cancels it rather than run it to
@@ -79,11 +81,11 @@ class Publisher:
         worker_id: str,
         stream: str,
         reply_timeout_s: float,
-        on_lost: Callable[[str], None],
-        on_done: Callable[[JobRef], None],
+        on_lost: Callable[[str], object],  # what the callbacks return is ignored
+        on_done: Callable[[JobRef], object],
         stream_interval: int = 1,
         orphan_timeout_s: float = 0.0,
-        on_orphaned: Callable[[str], None] = lambda request_id: None,
+        on_orphaned: Callable[[str], object] = lambda request_id: None,
         publish_interval_s: float = 0.0,
         publish_budget: float = 0.0,
     ):
@@ -245,7 +247,7 @@ class Publisher:
         # Made from the pool's settings, not by the pool: the pool counts every connection it
         # makes against its limit and never forgets one, so reconnecting through it would stop
         # publishing for good after that many outages.
-        connection = self.pool.connection_class(**self.pool.connection_kwargs)
+        connection: redis.connection.AbstractConnection = self.pool.connection_class(**self.pool.connection_kwargs)
         connection.connect()
         connection.send_command("SCRIPT", "LOAD", BATCH_SCRIPT)
         sha = connection.read_response()

@@ -19,8 +19,9 @@ deleted from the stream as [id, nil] inside `entries`; Redis 7+ answers [next, e
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -227,7 +228,11 @@ class RedisIO:
         )
         if not reply:
             return []
-        entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+        # RESP2 [[stream, entries]] or RESP3 {stream: [entries]}; decode_responses=True: the fields are str
+        entries = cast(
+            list[tuple[str, dict[str, str] | None]],
+            reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0],
+        )
         return [(_text(entry_id), fields) for entry_id, fields in entries if fields is not None]
 
     async def autoclaim(self, stream: str, min_idle_ms: int, count: int, start_id: str = "0-0") -> AutoClaim:
@@ -299,7 +304,7 @@ def dead_letter_fields(
     }
 
 
-def batch_call(items: list[BatchItem], worker_id: str) -> tuple[list[str], list[Any]]:
+def batch_call(items: Sequence[BatchItem], worker_id: str) -> tuple[list[str], list[Any]]:
     """The batch script's keys and args: each publication and acknowledgement in order."""
     script_keys: list[str] = []
     args: list[Any] = [keys.CONSUMER_GROUP, worker_id, EVENT_LOG_TTL_S, JOB_STATE_TTL_S]

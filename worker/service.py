@@ -198,7 +198,9 @@ class WorkerService:
         thread.start()
         tasks = [asyncio.create_task(self._forever("heartbeat", self._heartbeat_once), name="heartbeat")]
         try:
-            self._owner = await _first(owner_ready, stop, owner_exit)
+            first = await _first(owner_ready, stop, owner_exit)
+            assert first is None or isinstance(first, Owner)  # owner_ready's result; None for the other two
+            self._owner = first
             if self._owner is None and owner_ready.done() and not owner_ready.exception():
                 self._owner = owner_ready.result()  # ready just as the stop came: stopped like a running one
             if self._owner is None or stop.is_set():
@@ -459,8 +461,9 @@ class WorkerService:
         with contextlib.suppress(*REDIS_DOWN):
             async with asyncio.timeout(self.config.redis_timeout_s):
                 await retire(client, self.config.worker_id)
-        if owner_exit.done() and owner_exit.exception() is not None:
-            raise owner_exit.exception()
+        error = owner_exit.exception() if owner_exit.done() else None
+        if error is not None:
+            raise error
 
 
 def warm_up(served: ServingModel) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from worker.chat.template import ChatTemplate, ChatTemplateError
 from worker.drafters.registry import DraftOptions, load_drafter
-from worker.engine.json_constraint import JsonMasks
+from worker.engine.grammar_constraint import GrammarMasks
 from worker.engine.runner import ModelRunner
 from worker.models.loader import LoadedModel, load_model
 
@@ -51,15 +51,26 @@ def load_serving_model(
     max_context: int | None = None,
     num_threads: int | None = None,
     cache_dir: Path | None = None,
+    quantize: str = "auto",
 ) -> ServingModel:
+    """`dtype` and `quantize` as worker.models.loader.load_model takes them ("float32": the exact path)."""
     if num_threads:
         torch.set_num_threads(num_threads)
-    loaded = load_model(model, dtype=dtype, cache_dir=cache_dir)
+    loaded = load_model(model, dtype=dtype, cache_dir=cache_dir, quantize=quantize)
     options = options or DraftOptions()
     drafter = load_drafter(speculation, loaded, options)
+    if loaded.decoder.selector is not None:  # the decode format: the one fastest at this mode's width
+        loaded.decoder.set_decode_rows(verify_rows(drafter))
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
     runner = ModelRunner(loaded.decoder, loaded.checkpoint.eos_token_ids, drafter, max_context, max_nodes)
-    runner.json_masks = JsonMasks.for_model(loaded)  # its index is built on first use
+    runner.grammar_masks = GrammarMasks.for_model(loaded)  # its tokenizer is read on first use
     source = loaded.checkpoint.chat_template
     template = ChatTemplate(source, loaded.checkpoint.special_tokens) if source else None
     return ServingModel(loaded.name, speculation, loaded, runner, template)
+
+
+def verify_rows(drafter: object | None) -> int:
+    """Rows of a full verification forward in this mode: the root plus the most nodes a draft has."""
+    if drafter is None:
+        return 1
+    return 1 + int(getattr(drafter, "tree_budget", None) or getattr(drafter, "num_draft", 0))

@@ -42,7 +42,8 @@ class DisconnectWatch:
 
 
 def disconnect_watch(scope: Scope) -> DisconnectWatch:
-    return scope[SCOPE_KEY]
+    watch: DisconnectWatch = scope[SCOPE_KEY]  # put there by the middleware
+    return watch
 
 
 class DisconnectMiddleware:

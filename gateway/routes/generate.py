@@ -10,7 +10,7 @@ has started, a failure is sent the way vLLM does: one `data: {"error": {...}}` e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -97,7 +97,7 @@ async def _admit(svc: Services, model: str) -> None:
         raise errors.redis_unavailable(exc) from exc
 
 
-def _one_request_per_prompt(req: GenerationRequest) -> list[GenerationRequest]:
+def _one_request_per_prompt(req: GenerationRequest) -> Sequence[GenerationRequest]:
     """A completions batch is one job per prompt; everything else is one job."""
     if isinstance(req, CompletionRequest) and len(req.prompts()) > 1:
         return req.one_per_prompt()

@@ -49,7 +49,20 @@ def _add_decode_parser(commands) -> None:
         help="response_format json_object for every Arbor mode (EOS ends each answer), beside "
         "plain decoding of unconstrained text; no transformers",
     )
+    parser.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        help="a JSON schema file: every Arbor mode constrained by it, as --json-mode is by json_object",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--formats",
+        default=None,
+        help="comma-separated weight formats to run every mode in, side by side (float32, float64, bfloat16, "
+        "int8, int4, auto); the report adds each format's step cost at 1-16 rows and its greedy agreement "
+        "with the first; --dtype is then unused",
+    )
     _add_common(parser)
     parser.set_defaults(handler=_run_decode)
 

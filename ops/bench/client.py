@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from ops.bench.results import percentile, ratio
 
@@ -43,6 +44,7 @@ class RequestRecord:
         if self.ttft_s is None:
             self.ttft_s = now - started
         else:
+            assert self.last_text_s is not None  # set with ttft_s, by the first chunk
             self.chunk_gaps_s.append(now - self.last_text_s)
         self.last_text_s = now
 
@@ -186,7 +188,7 @@ async def stream_chat(client: SseClient, body: dict) -> RequestRecord:
     return record
 
 
-DONE = {}  # stands for `data: [DONE]`
+DONE: dict[str, Any] = {}  # stands for `data: [DONE]`
 
 
 async def _sse_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[dict]:

@@ -8,6 +8,8 @@ prompt (the order rotates), after one short warm-up run each.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -22,13 +24,15 @@ from ops.bench.plots import decode_figure
 from ops.bench.results import SIDE_BY_SIDE_NOTE, machine_info, results_dir, write_json
 from ops.training.prompts import HELD_OUT
 from shared.sampling import SamplingParams
+from shared.structured_output import StructuredOutput, json_schema_output
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.generate import generate
+from worker.engine.grammar_constraint import GrammarConstraint, GrammarMasks, GrammarViolation
 from worker.engine.runner import ModelRunner
 from worker.serving_model import ServingModel, load_serving_model
 
 WARMUP_TOKENS = 8
-PLAIN_TEXT = "arbor none, text"  # --json-mode's contender without the mask
+PLAIN_TEXT = "arbor none, text"  # a constrained run's contender without the mask
 
 
 @dataclass(slots=True)
@@ -55,9 +59,22 @@ class DecodeConfig:
     threads: int | None
     out: str | None
     json_mode: bool = False  # every Arbor mode under response_format json_object, EOS ending each answer
+    json_schema: Path | None = None  # every Arbor mode under this JSON schema instead
+
+    def structured(self) -> StructuredOutput | None:
+        if self.json_schema is not None:
+            return json_schema_output(self.json_schema.read_text(), f"--json-schema {self.json_schema}")
+        return StructuredOutput("json_object", "", "--json-mode") if self.json_mode else None
 
 
 def run_decode_command(args: argparse.Namespace) -> int:
+    if getattr(args, "formats", None):  # weight formats x modes: ops/bench/formats.py
+        from ops.bench.formats import formats_markdown, parse_formats, run_formats
+
+        report, folder = run_formats(config_from_args(args), parse_formats(args.formats))
+        print(formats_markdown(report))
+        print(f"results: {folder}")
+        return 0
     report, folder = run_decode(config_from_args(args))
     print(decode_markdown(report))
     print(f"results: {folder}")
@@ -85,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> DecodeConfig:
         args.threads,
         args.out,
         args.json_mode,
+        args.json_schema,
     )
 
 
@@ -94,9 +112,9 @@ def run_decode(config: DecodeConfig) -> tuple[dict, Path]:
     machine = machine_info()
     served = load_serving_model(config.model, "none", dtype=config.dtype)
     contenders, unavailable = arbor_contenders(served, config)
-    if config.json_mode:  # the cost of the mask, side by side: plain decoding of unconstrained text
+    if config.structured() is not None:  # the mask's cost, side by side: plain decoding of unconstrained text
         contenders.append(Contender(PLAIN_TEXT, "arbor-text", _arbor_run(served.runner, served, config.temperature)))
-        unavailable.append({"name": "transformers", "reason": "JSON mode is not a transformers generate option"})
+        unavailable.append({"name": "transformers", "reason": "constrained decoding is not compared with it"})
     elif config.transformers:
         found, missing = transformers_contenders(served, config)
         contenders, unavailable = contenders + found, unavailable + missing
@@ -122,7 +140,8 @@ def arbor_contenders(served: ServingModel, config: DecodeConfig) -> tuple[list[C
         except (ValueError, OSError) as error:  # DrafterError / CheckpointError are ValueErrors
             unavailable.append({"name": name, "reason": str(error).splitlines()[0]})
             continue
-        contenders.append(Contender(name, "arbor", _arbor_run(runner, served, config.temperature, config.json_mode)))
+        run = _arbor_run(runner, served, config.temperature, config.structured())
+        contenders.append(Contender(name, "arbor", run))
     return contenders, unavailable
 
 
@@ -136,16 +155,22 @@ def _mode_runner(served: ServingModel, mode: str, options: DraftOptions) -> Mode
     drafter = load_drafter(mode, served.loaded, options)
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
     runner = ModelRunner(served.loaded.decoder, served.loaded.checkpoint.eos_token_ids, drafter, None, max_nodes)
-    runner.json_masks = served.runner.json_masks  # one index per model, shared by every mode
+    runner.grammar_masks = served.runner.grammar_masks  # one tokenizer and grammar cache per model
     return runner
 
 
-def _arbor_run(runner: ModelRunner, served: ServingModel, temperature: float, json_mode: bool = False):
-    """In JSON mode the answer ends where its object closes (EOS is the only token left then)."""
+def _arbor_run(
+    runner: ModelRunner, served: ServingModel, temperature: float, structured: StructuredOutput | None = None
+):
+    """A constrained answer ends where its grammar is complete (EOS is the only token left then)."""
 
     def run(prompt_ids: list[int], max_tokens: int, seed: int) -> PromptRun:
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=not json_mode, json_object=json_mode
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            ignore_eos=structured is None,
+            structured=structured,
         )
         started = time.perf_counter()
         result = generate(runner, served.tokenizer, prompt_ids, params, request_id="bench")
@@ -218,20 +243,63 @@ def _hf_run(model, config: DecodeConfig, pad_id: int, **extra: object):
     return run
 
 
-def json_check(runs: list[PromptRun], served: ServingModel) -> dict:
-    """JSON mode's answers: how many are JSON as far as they go, and how many closed their object."""
-    from worker.constraints.json_grammar import INITIAL, feed, is_complete
+def _constraint_check(config: DecodeConfig, runs: list[PromptRun], served: ServingModel) -> dict | None:
+    structured = config.structured()
+    return None if structured is None else constraint_check(structured, runs, served)
+
+
+def constraint_check(structured: StructuredOutput, runs: list[PromptRun], served: ServingModel) -> dict:
+    """Constrained answers checked outside the engine (json.loads, and jsonschema for a schema),
+    and what the constraint costs: reading the tokenizer and compiling the grammar on a fresh
+    worker (its first request), and each row's mask, replayed over the answers."""
+    import jsonschema
 
     eos_ids = served.loaded.checkpoint.eos_token_ids
-    states = []
+    schema = json.loads(structured.spec) if structured.kind == "json_schema" else {"type": "object"}
+    valid = 0
     for run in runs:
         ids = run.token_ids[:-1] if run.token_ids and run.token_ids[-1] in eos_ids else run.token_ids
-        states.append(feed(INITIAL, served.tokenizer.decode(ids).encode()))
+        try:
+            jsonschema.validate(json.loads(served.tokenizer.decode(ids)), schema)
+            valid += 1
+        except (ValueError, jsonschema.ValidationError):
+            pass
+    masks = GrammarMasks.for_model(served.loaded)
+    started = time.perf_counter()
+    masks.compile(StructuredOutput("regex", "a", "warm-up").check())  # reads the tokenizer
+    tokenizer_s = time.perf_counter() - started
+    started = time.perf_counter()
+    masks.compile(structured.check())
+    compile_s = time.perf_counter() - started
+    mask_times, within = _replay(masks, structured, runs, frozenset(eos_ids))
     return {
         "num_prompts": len(runs),
-        "json_so_far": sum(state is not None for state in states),
-        "closed_objects": sum(state is not None and is_complete(state) for state in states),
+        "within_grammar": within,
+        "valid": valid,
+        "first_request_tokenizer_ms": round(tokenizer_s * 1e3, 2),
+        "first_request_compile_ms": round(compile_s * 1e3, 2),
+        "mask_us_p50": round(statistics.median(mask_times) * 1e6, 1) if mask_times else None,
+        "mask_us_p99": round(sorted(mask_times)[int(0.99 * (len(mask_times) - 1))] * 1e6, 1) if mask_times else None,
     }
+
+
+def _replay(
+    masks: GrammarMasks, structured: StructuredOutput, runs: list[PromptRun], stop_ids: frozenset[int]
+) -> tuple[list[float], int]:
+    """Every answer through a fresh constraint, row by row as the verifier asks: the seconds each
+    row's mask took, and how many answers the grammar accepts to their last token."""
+    times, within = [], 0
+    for run in runs:
+        constraint = GrammarConstraint(masks, masks.compile(structured.check()), stop_ids)
+        try:
+            for step in range(len(run.token_ids) + 1):
+                started = time.perf_counter()
+                constraint.mask(run.token_ids[:step], step)
+                times.append(time.perf_counter() - started)
+            within += 1
+        except GrammarViolation:
+            pass
+    return times, within
 
 
 def encode_prompt(served: ServingModel, text: str) -> list[int]:
@@ -288,6 +356,7 @@ def build_report(
             "seed": config.seed,
             "prompt_lookup_num_tokens": config.prompt_lookup_tokens,
             "json_mode": config.json_mode,
+            "json_schema": None if config.json_schema is None else config.json_schema.name,
         },
         "note": SIDE_BY_SIDE_NOTE,
         "baseline": baseline,
@@ -295,9 +364,9 @@ def build_report(
         "unavailable": unavailable,
         "lossless": losslessness(arbor_runs, reference, config.temperature > 0) if reference else None,
         "transformers_agreement": None,
-        "json_check": json_check(arbor_runs[reference], served) if config.json_mode and reference else None,
+        "constraint_check": _constraint_check(config, arbor_runs[reference], served) if reference else None,
     }
-    if config.temperature == 0 and arbor_runs and "transformers generate" in runs:
+    if config.temperature == 0 and reference is not None and "transformers generate" in runs:  # any arbor runs
         report["transformers_agreement"] = agreement_before_eos(
             arbor_runs[reference], runs["transformers generate"], served.loaded.checkpoint.eos_token_ids
         )

@@ -33,6 +33,8 @@ def summarize(name: str, engine: str, runs: Sequence[PromptRun]) -> dict:
     num_forwards = sum(run.num_forwards for run in runs)
     drafts = None if runs[0].num_drafts is None else sum(run.num_drafts or 0 for run in runs)
     accepted = None if runs[0].num_accepted is None else sum(run.num_accepted or 0 for run in runs)
+    # 1 + accepted / drafts, as vLLM reports it; 1.0 when nothing was ever drafted
+    acceptance_length = None if drafts is None or accepted is None else 1.0 + (accepted / drafts if drafts else 0.0)
     return {
         "name": name,
         "engine": engine,
@@ -46,8 +48,7 @@ def summarize(name: str, engine: str, runs: Sequence[PromptRun]) -> dict:
         "drafts": drafts,
         "accepted_tokens": accepted,
         "tokens_per_forward": ratio(num_tokens, num_forwards),
-        # 1 + accepted / drafts, as vLLM reports it; 1.0 when nothing was ever drafted
-        "acceptance_length": None if drafts is None else 1.0 + (accepted / drafts if drafts else 0.0),
+        "acceptance_length": acceptance_length,
         "per_prompt_decode_tokens_per_s": [ratio(run.num_decoded, run.decode_s) for run in runs],
         **_step_costs(runs, num_forwards),
     }
@@ -150,20 +151,26 @@ def decode_markdown(report: dict) -> str:
 
 
 def _token_budget(settings: dict) -> str:
-    if settings.get("json_mode"):
-        return f"up to {settings['max_tokens']} new tokens (JSON answers end at EOS, plain text ignores it)"
+    if settings.get("json_mode") or settings.get("json_schema"):
+        return f"up to {settings['max_tokens']} new tokens (constrained answers end at EOS, plain text ignores it)"
     return f"{settings['max_tokens']} new tokens (EOS ignored)"
 
 
 def _json_mode_lines(report: dict) -> list[str]:
-    check = report.get("json_check")
-    if not report["settings"].get("json_mode") or check is None:
+    check = report.get("constraint_check")
+    if check is None:
         return []
+    settings = report["settings"]
+    what = f"the JSON schema `{settings['json_schema']}`" if settings.get("json_schema") else "`json_object`"
     return [
-        f"**JSON mode** (`response_format: json_object`) for every Arbor mode: each answer ends where its object "
-        f"closes, so answers are shorter than the token budget. `arbor none, text` decodes unconstrained text "
-        f"beside them (EOS ignored): the mask's cost. Plain decoding's answers: {check['json_so_far']}/"
-        f"{check['num_prompts']} JSON as far as they go, {check['closed_objects']} closed their object.",
+        f"**Constrained** by {what} for every Arbor mode: each answer ends where its grammar is complete, "
+        f"so answers are shorter than the token budget. `arbor none, text` decodes unconstrained text "
+        f"beside them (EOS ignored): the mask's cost. Plain decoding's answers: {check['within_grammar']}/"
+        f"{check['num_prompts']} within the grammar to their last token, {check['valid']} complete and valid. "
+        f"A fresh worker's first request reads the tokenizer in "
+        f"{check['first_request_tokenizer_ms']:.0f} ms and compiles the grammar in "
+        f"{check['first_request_compile_ms']:.1f} ms; a row's mask takes {check['mask_us_p50']} us (p50), "
+        f"{check['mask_us_p99']} us (p99).",
         "",
     ]
 

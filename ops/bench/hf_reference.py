@@ -52,7 +52,7 @@ def load_reference(model: str | Path | None, dtype: str) -> transformers.PreTrai
 
 @torch.inference_mode()
 def hf_generate(
-    model: transformers.PreTrainedModel,
+    model: transformers.GenerationMixin,  # a causal LM (load_reference's); PreTrainedModel has no generate
     prompt_ids: list[int],
     max_tokens: int,
     temperature: float,

@@ -304,6 +304,7 @@ class _OwnerLoop:
 
     def __enter__(self) -> _OwnerLoop:
         self._thread.start()
+        assert self._thread.ident is not None  # set by start()
         self._cpu_clock = time.pthread_getcpuclockid(self._thread.ident)
         return self
 
@@ -328,7 +329,9 @@ class _OwnerLoop:
         self._count += 1
         request_id = f"bench-{self._count}"
         self._redis.xadd(STREAM, {"id": request_id})  # read as this worker's, so its publishing is not fenced
-        ((_, [(entry_id, _)]),) = self._redis.xreadgroup(keys.CONSUMER_GROUP, WORKER_ID, {STREAM: ">"}, count=1)
+        reply = self._redis.xreadgroup(keys.CONSUMER_GROUP, WORKER_ID, {STREAM: ">"}, count=1)
+        assert isinstance(reply, list)  # RESP2: [[stream, [(entry id, fields)]]]
+        ((_, [(entry_id, _)]),) = reply
         entry_id = entry_id.decode()
         now = time.time()
         spec = JobSpec(
@@ -351,5 +354,6 @@ class _OwnerLoop:
         if not self._done.wait(600) or self._fenced is not None:
             raise RuntimeError(f"bench owner: {request_id} did not finish (fenced: {self._fenced})")
         wall, cpu = time.perf_counter() - started, time.clock_gettime(self._cpu_clock) - cpu_started
+        assert self._last_sequence is not None  # the request's lane started
         stats = self._last_sequence.stats
         return wall, stats.prefill_s + stats.decode_s, cpu

@@ -322,7 +322,8 @@ def _path_summary(records: list[RequestRecord]) -> dict:
         "errors": len(records) - len(ok),
         "tokens_per_s": ratio(sum(r.completion_tokens for r in ok), sum(r.e2e_s for r in ok)),
         "decode_tokens_per_s": ratio(
-            sum(r.completion_tokens - 1 for r in streamed), sum(r.e2e_s - r.ttft_s for r in streamed)
+            sum(r.completion_tokens - 1 for r in streamed),
+            sum(r.e2e_s - r.ttft_s for r in streamed if r.ttft_s is not None),
         ),
         "ttft_ms": latency_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
         "e2e_ms": latency_ms([r.e2e_s for r in ok]),

@@ -84,12 +84,13 @@ def block_hidden(
     positions = (anchors[:, None] + torch.arange(block_size)).flatten()  # [A * B]
     block_tokens = torch.full((num_blocks, block_size), mask_token_id)
     block_tokens[:, 0] = sequence.token_ids[anchors]
+    assert sequence.layer_hidden is not None  # captured with the drafter's target layers
     context = model.hidden_norm(model.fc(sequence.layer_hidden.float()))  # [T, hidden]
     mask = _block_mask(anchors, total, block_size)
     cos_c, sin_c = rotary(torch.arange(total))
     cos_b, sin_b = rotary(positions)
     x = decoder.model.embed_tokens(block_tokens.flatten()).float()  # [A * B, hidden]
-    for layer in model.layers:
+    for layer in model.draft_layers():
         context_k, context_v = layer.keys_values(context, cos_c, sin_c)
         attn = layer.self_attn
         h = layer.input_layernorm(x)

@@ -17,6 +17,7 @@ target never predicts carry almost no probability for the drafter either.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from ops.training import updates
 from ops.training.capture import CapturedSequence
 from worker.drafters.mtp import MtpHead
-from worker.models.decoder import grouped_attention
+from worker.models.decoder import DecoderLayer, grouped_attention
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
 
@@ -79,7 +80,7 @@ def chain_hidden(
     decoder = served.loaded.decoder
     ids = sequence.token_ids
     n = ids.shape[0] - num_steps
-    layer = head.layers[0]
+    layer = cast(DecoderLayer, head.layers[0])  # to a type checker an nn.ModuleList holds plain Modules
     attn = layer.self_attn
     hidden = sequence.final_hidden[:n].float()
     keys, values, outputs = [], [], []
@@ -183,7 +184,11 @@ def train_updates(
         losses = chain_losses(
             head, served, rotary, sequence, vocab, vocab_index, config.num_steps, config.feature_weight
         )
-        return sum(weight * loss for weight, loss in zip(config.step_weights, losses)) if losses else None
+        if not losses:
+            return None
+        total = sum(weight * loss for weight, loss in zip(config.step_weights, losses))
+        assert isinstance(total, torch.Tensor)  # a sum of at least one loss
+        return total
 
     return updates.run_updates(
         head,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
-SequenceLoss = Callable[[object, random.Random], torch.Tensor | None]  # None: sequence too short
+_Seq = TypeVar("_Seq")  # a training sequence, as the trainer captured it
+SequenceLoss = Callable[[_Seq, random.Random], torch.Tensor | None]  # None: sequence too short
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -37,8 +39,8 @@ def vocabulary_index(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def run_updates(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    data: list,
-    sequence_loss: SequenceLoss,
+    data: list[_Seq],
+    sequence_loss: SequenceLoss[_Seq],
     lr: float,
     sequences_per_update: int,
     start_update: int,

@@ -28,6 +28,7 @@ from ops.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.live_stack import free_loopback_port, spawn
+from tests.support.pending import job_owner
 from tests.support.waiting import wait_for
 
 MODEL = "tiny-qwen3"
@@ -199,13 +200,8 @@ class FaultStack:
 
     def job_owner(self, request_id: str) -> str | None:
         """The worker holding the request's stream entry (pending for it), if any."""
-        stream = keys.request_stream(MODEL)
         with self.redis() as client:
-            for entry_id, fields in client.xrange(stream):
-                if fields.get("id") == request_id:
-                    pending = client.xpending_range(stream, keys.CONSUMER_GROUP, min=entry_id, max=entry_id, count=1)
-                    return pending[0]["consumer"] if pending else None
-        return None
+            return job_owner(client, keys.request_stream(MODEL), request_id)
 
     def requests_running(self) -> float:
         """The gateway's `arbor_requests_running` gauge: generations it still has in flight."""

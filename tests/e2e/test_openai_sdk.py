@@ -7,14 +7,17 @@ its script; sampling, n and completions use the random tiny Qwen3.
 from __future__ import annotations
 
 import json
+import re
 
+import jsonschema
+import llguidance
 import openai
 import pytest
 
+from shared.structured_output import StructuredOutput
 from tests.e2e.live_stack import SCRIPTED_MODEL, TINY_MODEL, Stack
 from tests.support.scripted_model import PLAIN, STEPS, TOOLS, ScriptedTurn
 from tests.support.tiny_models import train_tokenizer
-from worker.constraints.json_grammar import INITIAL, feed
 
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 
@@ -341,7 +344,7 @@ def test_json_mode_answers_with_json_and_ends_when_the_object_closes(client: ope
                 model=TINY_MODEL, messages=[USER], max_tokens=24, temperature=1.0, seed=3, **json_mode
             )
             content, finish_reason = response.choices[0].message.content, response.choices[0].finish_reason
-        assert feed(INITIAL, content.encode()) is not None, f"not JSON: {content!r}"
+        assert _within(StructuredOutput("json_object", "", "response_format"), content), f"not JSON: {content!r}"
         if finish_reason == "stop":
             assert isinstance(json.loads(content), dict)
 
@@ -354,11 +357,118 @@ def test_json_mode_answers_with_json_and_ends_when_the_object_closes(client: ope
     assert response.usage.completion_tokens < 24
 
 
-def test_json_mode_refuses_a_schema_and_tools_by_name(client: openai.OpenAI) -> None:
-    schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+def _within(output: StructuredOutput, text: str) -> bool:
+    """Whether `text` is the grammar's as far as it goes (llguidance's matcher over its tokens)."""
+    tokenizer = train_tokenizer()
+    matcher = llguidance.LLMatcher(llguidance.LLTokenizer(tokenizer.to_str()), output.check(), log_level=0)
+    return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+COLOR_SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
+CITY_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    for name in ("get_weather", "get_time")
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_schema_answer_validates_streamed_or_not(client: openai.OpenAI, stream: bool) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "c", "schema": COLOR_SCHEMA, "strict": True}}
+    for seed in range(3):
+        body = dict(model=TINY_MODEL, messages=[USER], max_tokens=80, temperature=1.0, seed=seed)
+        if stream:
+            content, _, finish_reason, _ = _stream_chat(client, response_format=response_format, **body)
+        else:
+            response = client.chat.completions.create(response_format=response_format, **body)
+            content, finish_reason = response.choices[0].message.content, response.choices[0].finish_reason
+        assert finish_reason == "stop", content
+        jsonschema.validate(json.loads(content), COLOR_SCHEMA)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_tool_call_is_made_with_arguments_valid_for_its_schema(
+    client: openai.OpenAI, stream: bool, tool_choice
+) -> None:
+    body = dict(model=TINY_MODEL, messages=[USER], max_tokens=120, temperature=1.0, seed=4, tools=CITY_TOOLS)
+    body |= {"parallel_tool_calls": False}  # one call, so the answer ends when it closes
+    if stream:
+        content, calls, finish_reason, _ = _stream_chat(client, tool_choice=tool_choice, **body)
+    else:
+        response = client.chat.completions.create(tool_choice=tool_choice, **body)
+        message, finish_reason = response.choices[0].message, response.choices[0].finish_reason
+        content = message.content or ""
+        calls = [
+            {"name": call.function.name, "arguments": call.function.arguments} for call in message.tool_calls or []
+        ]
+    assert finish_reason == "tool_calls" and calls, (content, calls)
+    assert not content.strip(), "a forced call leaves no room for text"
+    names = {"get_time"} if isinstance(tool_choice, dict) else {"get_weather", "get_time"}
+    for call in calls:
+        assert call["name"] in names
+        jsonschema.validate(json.loads(call["arguments"]), CITY_TOOLS[0]["function"]["parameters"])
+
+
+def test_forced_parallel_calls_are_each_valid(client: openai.OpenAI) -> None:
+    """With parallel calls the model may go on calling until max_tokens: every call it closed is valid."""
+    response = client.chat.completions.create(
+        model=TINY_MODEL,
+        messages=[USER],
+        max_tokens=200,
+        temperature=1.0,
+        seed=2,
+        tools=CITY_TOOLS,
+        tool_choice="required",
+    )
+    calls, finish_reason = response.choices[0].message.tool_calls, response.choices[0].finish_reason
+    assert calls and finish_reason in ("tool_calls", "length")
+    closed = calls[:-1] if finish_reason == "length" else calls  # the last may be cut off by max_tokens
+    assert closed, "at least one call closed"
+    for call in closed:
+        jsonschema.validate(json.loads(call.function.arguments), CITY_TOOLS[0]["function"]["parameters"])
+
+
+def test_regex_and_choice_answers_match(client: openai.OpenAI) -> None:
+    regex = client.completions.create(
+        model=TINY_MODEL,
+        prompt="Code:",
+        max_tokens=40,
+        temperature=1.0,
+        seed=1,
+        extra_body={"guided_regex": "[A-Z]{3}-[0-9]{3}"},
+    )
+    assert re.fullmatch("[A-Z]{3}-[0-9]{3}", regex.choices[0].text) and regex.choices[0].finish_reason == "stop"
+    choice = client.chat.completions.create(
+        model=TINY_MODEL, messages=[USER], max_tokens=20, extra_body={"guided_choice": ["sunny", "rainy"]}
+    )
+    assert choice.choices[0].message.content in ("sunny", "rainy")
+
+
+def test_bad_schemas_and_grammars_are_400s_quoting_the_engine(client: openai.OpenAI, stack: Stack) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "array", "uniqueItems": True}}}
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=TINY_MODEL, messages=[USER], response_format=schema)
-    assert caught.value.body["param"] == "response_format" and "json_schema" in caught.value.message
+        client.chat.completions.create(model=TINY_MODEL, messages=[USER], response_format=bad)
+    assert caught.value.body["param"] == "response_format.json_schema.schema"
+    assert "Unimplemented keys" in caught.value.message and "uniqueItems" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=TINY_MODEL, messages=[USER], extra_body={"guided_regex": "(unclosed"})
+    assert caught.value.body["param"] == "guided_regex" and "unclosed group" in caught.value.message
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
             model=TINY_MODEL, messages=[USER], response_format={"type": "json_object"}, tools=TOOLS

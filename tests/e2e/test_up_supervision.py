@@ -29,6 +29,7 @@ from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.chat_stream import BackgroundStream
 from tests.e2e.live_stack import READY_LINE, REPO_ROOT, STOP_TIMEOUT_S, free_loopback_port, spawn
+from tests.support.pending import job_owner
 from tests.support.processes import child_pids, command_line
 from tests.support.tiny_models import make_tiny_model
 from tests.support.waiting import wait_for
@@ -60,13 +61,8 @@ class UpStack:
         return [beat for beat in (Heartbeat.from_fields(fields) for fields in beats if fields) if beat.ready]
 
     def job_owner(self, request_id: str) -> str | None:
-        stream = keys.request_stream(MODEL)
         with self.redis() as client:
-            for entry_id, fields in client.xrange(stream):
-                if fields.get("id") == request_id:
-                    pending = client.xpending_range(stream, keys.CONSUMER_GROUP, min=entry_id, max=entry_id, count=1)
-                    return pending[0]["consumer"] if pending else None
-        return None
+            return job_owner(client, keys.request_stream(MODEL), request_id)
 
     def restarts(self) -> dict[str, float]:
         exposition = httpx.get(f"{self.base_url}/metrics", timeout=10).text
@@ -156,6 +152,7 @@ def kill_the_worker_serving(stack: UpStack, body: dict) -> tuple[BackgroundStrea
 def test_a_worker_killed_mid_stream_is_replaced_and_the_stream_finishes_as_if_uninterrupted(
     two_workers: UpStack,
 ) -> None:
+    assert two_workers.restarts() == {"gateway": 0.0, "worker-1": 0.0, "worker-2": 0.0}, "exported from the start"
     body = chat("Tell me a long story about rivers.")
     client, killed = kill_the_worker_serving(two_workers, body)
     stream = client.finish(END_S)
@@ -210,7 +207,7 @@ def test_the_only_worker_killed_mid_stream_is_restarted_and_its_stream_finishes(
         assert stream.text == answer(stack, body)
         [worker] = wait_for(stack.live_workers, START_TIMEOUT_S, "the restarted worker")
         assert worker.worker_id != killed
-        assert stack.restarts() == {"worker-1": 1.0}
+        assert stack.restarts() == {"gateway": 0.0, "worker-1": 1.0}
         assert answer(stack, chat("And now something short.") | {"max_tokens": 8})
     finally:
         stop_up(stack)

@@ -76,17 +76,28 @@ def test_streamed_tool_call_reassembles_in_the_sdk(gateway: GatewayServer, make_
     assert "".join(p.function.arguments or "" for p in parts) == '{"city": "Paris"}'
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}})],
-)
-def test_forced_tool_choice_is_refused_by_name(gateway: GatewayServer, peer: ProtocolPeer, field: str, value) -> None:
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_choice_reaches_the_worker_as_a_constraint(
+    gateway: GatewayServer, peer: ProtocolPeer, tool_choice
+) -> None:
+    gateway.openai().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[WEATHER_TOOL], tool_choice=tool_choice
+    )
+    [job] = peer.jobs
+    assert json.loads(job.body)["tool_choice"] == tool_choice
+
+
+def test_a_forced_call_of_a_function_not_in_tools_is_refused_by_name(
+    gateway: GatewayServer, peer: ProtocolPeer
+) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         gateway.openai().chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[WEATHER_TOOL], **{field: value}
+            model=MODEL,
+            messages=[{"role": "user", "content": "x"}],
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "function": {"name": "f"}},
         )
-
-    assert caught.value.body["param"] == field
+    assert caught.value.body["param"] == "tool_choice" and "'f'" in caught.value.message
     assert peer.jobs == []
 
 

@@ -134,9 +134,10 @@ def test_bench_decode_in_json_mode_checks_the_answers_and_times_the_mask_beside_
     assert set(contenders) == {"arbor none", "arbor ngram", "arbor none, text"}
     assert contenders["arbor none, text"]["tokens"] == 2 * 16  # EOS ignored: the whole budget
     assert report["lossless"]["identical"] is True and report["lossless"]["modes"] == ["none", "ngram"]
-    assert report["json_check"]["json_so_far"] == 2
+    check = report["constraint_check"]
+    assert check["within_grammar"] == 2 and check["mask_us_p50"] > 0 and check["first_request_compile_ms"] > 0
     assert "transformers" in {item["name"] for item in report["unavailable"]}
-    assert "**JSON mode**" in (tmp_path / "decode.md").read_text()
+    assert "**Constrained** by `json_object`" in (tmp_path / "decode.md").read_text()
 
 
 def test_bench_decode_reports_a_missing_drafter_as_unavailable(tiny_model, tmp_path):

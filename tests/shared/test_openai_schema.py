@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from shared.openai_schema import (
     limits_context,
     to_sampling_params,
 )
+from shared.structured_output import StructuredOutput
 
 LIMITS = limits_context(Limits(max_tokens=1000, max_n=4, max_prompts=64))
 USER = [{"role": "user", "content": "hi"}]
@@ -96,12 +99,85 @@ def test_a_full_vllm_style_chat_request_is_accepted() -> None:
     assert (params.max_tokens, params.stop, params.stop_token_ids) == (100, ["</s>", "\n\n"], [7])
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.1, 0.2, 1.1)
     assert params.logit_bias == {50256: -100.0, 7: 2.0}
-    assert not params.json_object
+    assert params.structured is None
 
 
 def test_json_object_response_format_is_json_mode_for_the_sampler() -> None:
-    assert to_sampling_params(chat(response_format={"type": "json_object"})).json_object
-    assert not to_sampling_params(chat(response_format={"type": "text"})).json_object
+    assert to_sampling_params(chat(response_format={"type": "json_object"})).structured == StructuredOutput(
+        "json_object", "", "response_format"
+    )
+    assert to_sampling_params(chat(response_format={"type": "text"})).structured is None
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind", "field"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}},
+            "json_schema",
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "c", "schema": SCHEMA, "strict": False},
+                }
+            },
+            "json_schema",
+            "response_format.json_schema.schema",
+        ),
+        ({"guided_json": SCHEMA}, "json_schema", "guided_json"),
+        ({"guided_json": '{"type": "object"}'}, "json_schema", "guided_json"),
+        ({"guided_regex": "[0-9]+"}, "regex", "guided_regex"),
+        ({"guided_choice": ["yes", "no"]}, "choice", "guided_choice"),
+        ({"guided_grammar": 'root ::= "a"'}, "grammar", "guided_grammar"),
+        ({"structured_outputs": {"json": SCHEMA}}, "json_schema", "structured_outputs.json"),
+        ({"structured_outputs": {"regex": "a+"}}, "regex", "structured_outputs.regex"),
+        ({"structured_outputs": {"choice": ["x"]}}, "choice", "structured_outputs.choice"),
+        ({"structured_outputs": {"grammar": 'start: "a"'}}, "grammar", "structured_outputs.grammar"),
+        ({"structured_outputs": {"json_object": True}}, "json_object", "structured_outputs.json_object"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "tool_call", "tool_choice"),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "tool_call",
+            "tool_choice",
+        ),
+    ],
+)
+def test_each_structured_output_reaches_the_sampler(fields: dict, kind: str, field: str) -> None:
+    structured = to_sampling_params(chat(**fields)).structured
+    assert structured is not None and (structured.kind, structured.field) == (kind, field)
+    structured.check()
+
+
+def test_a_forced_tool_call_names_its_functions_and_whether_calls_may_repeat() -> None:
+    other = {"type": "function", "function": {"name": "noop"}}
+    required = chat(tools=[WEATHER_TOOL, other], tool_choice="required").forced_tool_call()
+    assert required is not None
+    spec = json.loads(required.spec)
+    assert [f["name"] for f in spec["functions"]] == ["get_weather", "noop"] and spec["parallel"]
+    single = chat(tools=[WEATHER_TOOL, other], tool_choice="required", parallel_tool_calls=False).forced_tool_call()
+    assert single is not None and not json.loads(single.spec)["parallel"]
+    named = chat(tools=[WEATHER_TOOL, other], tool_choice={"type": "function", "function": {"name": "noop"}})
+    forced = named.forced_tool_call()
+    assert forced is not None and json.loads(forced.spec) == {
+        "functions": [{"name": "noop", "parameters": None}],
+        "parallel": False,
+    }
+
+
+def test_completions_take_the_same_constraints() -> None:
+    request = CompletionRequest.model_validate({"model": "m", "prompt": "x", "guided_regex": "[ab]+"})
+    assert request.structured_output() == StructuredOutput("regex", "[ab]+", "guided_regex")
+    request = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}
+    )
+    assert to_sampling_params(request).structured is not None
 
 
 def test_defaults_follow_openai() -> None:
@@ -139,6 +215,32 @@ def test_no_reasoning_budget_means_unbounded() -> None:
     [
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "w"}}}, "tool_choice"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "w"}}}, "tool_choice"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required", "min_tokens": 2}, "min_tokens"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+                "tool_choice": "required",
+            },
+            "tool_choice",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+            "response_format.json_schema.name",
+        ),
+        ({"guided_json": {"type": "array", "uniqueItems": True}}, "guided_json"),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_regex": "a(b"}, "guided_regex"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_grammar": "root ::= missing"}, "guided_grammar"),
+        ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
+        ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+        ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"reasoning_budget": 10, "reasoning_effort": "low"}, "reasoning_effort"),
         ({"logit_bias": {"a": 2.0}}, "logit_bias"),
@@ -146,6 +248,7 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"logit_bias": {"7": 100.5}}, "logit_bias"),
         ({"logit_bias": {"7": "2"}}, "logit_bias.7"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"response_format": {"type": "text", "json_schema": {"name": "x"}}}, "response_format"),
         (
             {"response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "w"}}]},

@@ -22,12 +22,15 @@ def job(body: dict) -> Job:
     )
 
 
-def test_a_long_body_and_the_first_json_mode_request_are_prepared_off_the_loop(tmp_path):
+def test_a_long_body_and_a_request_that_may_be_constrained_are_prepared_off_the_loop(tmp_path):
     served = load_serving_model(make_tiny_model(tmp_path / "tiny"), "none")
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}
-    json_mode = chat | {"response_format": {"type": "json_object"}}
     assert not prepare_off_loop(job(chat), served)
     assert prepare_off_loop(job(chat | {"messages": [{"role": "user", "content": "x" * INLINE_PREPARE_BYTES}]}), served)
-    assert prepare_off_loop(job(json_mode), served)  # it would build the vocabulary's index
-    served.runner.json_masks.prepare()
-    assert not prepare_off_loop(job(json_mode), served)  # built: quick again
+    for constrained in (
+        {"response_format": {"type": "json_object"}},
+        {"guided_json": {"type": "object"}},
+        {"structured_outputs": {"regex": "a+"}},
+        {"tool_choice": "required"},
+    ):
+        assert prepare_off_loop(job(chat | constrained), served), constrained  # its grammar is compiled

@@ -166,13 +166,20 @@ def test_logit_bias_reaches_the_sampler_and_ids_outside_the_vocabulary_are_rejec
     assert caught.value.code == ErrorCode.INVALID_REQUEST and "logit_bias" in str(caught.value)
 
 
-def test_json_mode_is_refused_where_the_answer_would_start_by_reasoning(base):
+def test_a_constraint_starts_after_the_think_block_when_the_prompt_opened_one(base):
     messages = [{"role": "user", "content": "Hi"}]
     json_mode = {"model": "tiny", "messages": messages, "response_format": {"type": "json_object"}}
     # A prompt that closed (or never opened) the think block: JSON from the first token.
     spec = spec_of(base, json_mode | {"chat_template_kwargs": {"enable_thinking": False}})
-    assert spec.params.json_object
-    for model, extra in ((with_template(base, THINKING), {}), (base, {"reasoning_budget": 8})):
-        with pytest.raises(JobRejected) as caught:
-            spec_of(model, json_mode | extra)
-        assert caught.value.code == ErrorCode.INVALID_REQUEST and "json_object" in str(caught.value)
+    assert spec.params.structured is not None and spec.params.constraint_after is None
+    assert spec_of(base, json_mode | {"reasoning_budget": 8}).params.constraint_after is None
+    thinking = spec_of(with_template(base, THINKING), json_mode)
+    assert thinking.output.reasoning is not None and thinking.output.reasoning.starts_in_reasoning
+    assert thinking.params.constraint_after == "</think>"
+
+
+def test_a_constrained_job_has_its_grammar_compiled_before_it_reaches_the_owner(base):
+    messages = [{"role": "user", "content": "Hi"}]
+    spec = spec_of(base, {"model": "tiny", "messages": messages, "guided_regex": "[ab]{3}"})
+    assert spec.params.structured is not None
+    assert base.runner.grammar_masks.is_compiled(spec.params.structured.check())

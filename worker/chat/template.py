@@ -44,10 +44,10 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: list[dict],
+        messages: list[dict[str, Any]],
         *,
-        tools: list[dict] | None = None,
-        documents: list[dict] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> str:
@@ -71,7 +71,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from exc
 
 
-def flatten_text_parts(messages: list[dict]) -> list[dict]:
+def flatten_text_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Join OpenAI text parts (`[{"type": "text", "text": ...}, ...]`) into one string per message.
 
     `transformers` hands list contents to the template untouched, and most templates then fail on
@@ -81,7 +81,7 @@ def flatten_text_parts(messages: list[dict]) -> list[dict]:
     return [_flatten_message(message, index) for index, message in enumerate(messages)]
 
 
-def _flatten_message(message: dict, index: int) -> dict:
+def _flatten_message(message: dict[str, Any], index: int) -> dict[str, Any]:
     content = message.get("content")
     if not isinstance(content, list):
         return dict(message)
@@ -136,7 +136,8 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
 
     def _render_body(self, caller: Any) -> str:
-        return caller()
+        body: str = caller()  # the tag's rendered body
+        return body
 
 
 def _tojson(
@@ -161,10 +162,10 @@ def _strftime_now(format: str) -> str:
 class _TemplateDict:
     """`dict(...)` for templates, without the class object (and its attributes) behind it."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -188,7 +189,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
             raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} must not start with '_'")
 
 
-def _prepare_messages(messages: list[Any]) -> list[dict]:
+def _prepare_messages(messages: list[Any]) -> list[dict[str, Any]]:
     chat = []
     for index, message in enumerate(_plain_data(list(messages))):
         if not isinstance(message, dict):
@@ -198,7 +199,7 @@ def _prepare_messages(messages: list[Any]) -> list[dict]:
     return chat
 
 
-def _alias_reasoning(message: dict) -> dict:
+def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     # Templates read `reasoning_content` (Qwen) or `thinking` (gpt-oss); fill both from whichever came.
     reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
     if reasoning is None:

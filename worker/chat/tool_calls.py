@@ -25,6 +25,7 @@ import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 START_TAG = "<tool_call>"
 END_TAG = "</tool_call>"
@@ -37,7 +38,7 @@ def new_tool_call_id() -> str:
 @dataclass(slots=True)
 class ToolCallDelta:
     content: str = ""
-    tool_calls: list[dict] = field(default_factory=list)  # OpenAI streaming tool-call deltas
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI streaming tool-call deltas
 
 
 class _Stage(enum.Enum):
@@ -100,7 +101,8 @@ class _MemberScanner:
         if not self.text[start:end].startswith('"'):
             return None
         try:
-            return json.loads(self.text[start:end])
+            value: str = json.loads(self.text[start:end])  # a JSON string: it starts with '"'
+            return value
         except ValueError:
             return None
 
@@ -201,7 +203,7 @@ class ToolCallParser:
         self._buffer = ""  # received, not yet consumed: a possible partial tag
         self._call: _OpenCall | None = None
         self._num_indices = 0
-        self._finished: list[dict] = []
+        self._finished: list[dict[str, Any]] = []
 
     @property
     def in_tool_call(self) -> bool:
@@ -231,7 +233,7 @@ class ToolCallParser:
         self._buffer = ""
         return delta
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[dict[str, Any]]:
         """Every well-formed call so far, as complete OpenAI tool calls (non-streaming responses)."""
         return copy.deepcopy(self._finished)
 

@@ -8,7 +8,7 @@ after the current root. Its per-request state is opaque to the runner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import torch
 
@@ -48,9 +48,14 @@ class Drafter(Protocol):
     def state_bytes(self, state: Any) -> int:
         """Memory held by one request's state (the prefill cache budgets it)."""
 
-    # The paired prefill cache stores a drafter's context next to the target's KV for the same
-    # prefix. A drafter without these two methods still works; the cache is then off for it,
-    # since reusing the target's KV alone would leave the drafter blind to the prefix.
+
+class PrefixDrafter(Drafter, Protocol):
+    """A drafter the paired prefill cache works with.
+
+    The cache stores a drafter's context next to the target's KV for the same prefix. A drafter
+    without these two methods still works; the cache is then off for it, since reusing the
+    target's KV alone would leave the drafter blind to the prefix.
+    """
 
     def export_prefix(self, state: Any, num_tokens: int) -> Any:
         """A snapshot (a copy) of what the first `num_tokens` committed tokens determine in `state`.
@@ -67,5 +72,9 @@ class Drafter(Protocol):
         """
 
 
+def reuses_prefixes(drafter: Drafter) -> TypeGuard[PrefixDrafter]:
+    return hasattr(drafter, "export_prefix") and hasattr(drafter, "import_prefix")
+
+
 def supports_prefix_reuse(drafter: Drafter | None) -> bool:
-    return drafter is None or (hasattr(drafter, "export_prefix") and hasattr(drafter, "import_prefix"))
+    return drafter is None or reuses_prefixes(drafter)

@@ -23,9 +23,10 @@ argmax as a chain; `tree` hands their top-k logprobs to the best-first tree buil
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -69,7 +70,8 @@ class DFlashLayer(DecoderLayer):
         v = attn.v_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)
         return apply_rotary(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
 
-    def forward(
+    # The tensors of a DecoderLayer, its own forward (no mask): nothing calls it as a DecoderLayer.
+    def forward(  # type: ignore[override]
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
@@ -102,6 +104,10 @@ class DFlashModel(nn.Module):
         self.fc = nn.Linear(num_target_layers * size, size, bias=False)
         self.hidden_norm = RMSNorm(size, eps)
         self.norm = RMSNorm(size, eps)
+
+    def draft_layers(self) -> Iterable[DFlashLayer]:
+        """`layers`, typed: to a type checker an nn.ModuleList holds plain Modules."""
+        return cast(Iterable[DFlashLayer], self.layers)
 
 
 @dataclass(slots=True)
@@ -149,7 +155,7 @@ class DFlashDrafter:
         context = self.model.hidden_norm(self.model.fc(features))  # [n, hidden]
         start, end = committed.start, committed.start + context.shape[0]
         cos, sin = self.rotary(torch.arange(start, end, device=context.device))
-        for index, layer in enumerate(self.model.layers):
+        for index, layer in enumerate(self.model.draft_layers()):
             cache.keys[index][:, start:end], cache.values[index][:, start:end] = layer.keys_values(context, cos, sin)
         cache.commit(end - start)
 
@@ -206,6 +212,7 @@ class DFlashDrafter:
 def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -> DFlashDrafter:
     mode = "tree" if tree else "dflash"
     checkpoint = read_draft_checkpoint(_find_dflash_path(model, options, mode))
+    assert checkpoint.folder is not None  # read from a folder: a bare file is refused
     draft_vocab = read_draft_vocabulary(checkpoint.folder, model.config.vocab_size)
     target = model.config
     spec = parse_dflash_spec(checkpoint, target)

@@ -23,6 +23,7 @@ from worker.drafters.base import DrafterError
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
 from worker.models.quantized_weight import quantize_int4, quantize_int8
+from worker.models.refined_head import TopKRefinedHead
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -35,6 +36,8 @@ class DraftVocabulary:
     def __init__(self, lm_head: nn.Module, token_ids: torch.Tensor | None = None):
         self.token_ids = token_ids
         self.head: nn.Module | None = None  # a module computing the logits, else F.linear below
+        if isinstance(lm_head, TopKRefinedHead):  # drafts need no exact logits: the fast head alone
+            lm_head = lm_head.head
         if isinstance(lm_head, PlannedLinear):
             self._init_planned(lm_head, token_ids)
             return

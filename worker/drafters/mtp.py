@@ -130,6 +130,7 @@ class MtpDrafter:
         vocabulary = self.vocabulary
         tokens = [int(vocabulary.to_target(state.next_logits.argmax()))]
         hidden = state.next_hidden
+        assert hidden is not None  # set with next_logits
         position = state.cache.length
         device = hidden.device
         for _ in range(self.num_draft - 1):

@@ -41,8 +41,16 @@ class GrammarViolation(RuntimeError):
 
 
 class GrammarMasks:
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Collection[int], device: torch.device | str):
+    def __init__(
+        self,
+        tokenizer_json: str,
+        vocab_size: int,
+        eos_ids: Collection[int],
+        device: torch.device | str,
+        token_text: Callable[[int], str] = lambda token_id: "",
+    ):
         self._tokenizer_json = tokenizer_json
+        self.token_text = token_text  # one token's text, special tokens included (AnswerStart reads it)
         self.vocab_size = vocab_size  # the logits' width: the model's, which may exceed the tokenizer's
         self.eos_ids = frozenset(eos_ids)
         self.device = device  # the logits': masks go there
@@ -53,8 +61,13 @@ class GrammarMasks:
     @classmethod
     def for_model(cls, model: LoadedModel) -> GrammarMasks:
         """The masks of a loaded model: its tokenizer, its logits' width, EOS and device."""
-        tokenizer_json = model.tokenizer.to_str()
-        return cls(tokenizer_json, model.config.vocab_size, model.checkpoint.eos_token_ids, model.decoder.device)
+        tokenizer = model.tokenizer
+
+        def token_text(token_id: int) -> str:
+            return tokenizer.decode([token_id], skip_special_tokens=False)
+
+        eos_ids = model.checkpoint.eos_token_ids
+        return cls(tokenizer.to_str(), model.config.vocab_size, eos_ids, model.decoder.device, token_text)
 
     def compile(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for `grammar` (compiled once, then copied); GrammarUnavailable where the

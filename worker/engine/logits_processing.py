@@ -44,7 +44,7 @@ def process_logits(
     prompt_ids: Sequence[int] | torch.Tensor,
     output_ids: Sequence[Sequence[int]],
     stop_ids: Collection[int] = (),  # the sequence's: what min_tokens holds back
-    allowed: torch.Tensor | None = None,  # [V] bool, JSON mode's: every other token is masked
+    allowed: torch.Tensor | None = None,  # [V] bool, a structured output's: every other token is masked
 ) -> torch.Tensor:  # [N, V]
     """Row i has generated `output_ids[i]` after the shared prompt (rows are tree nodes or lanes).
 
@@ -111,14 +111,14 @@ def logprobs_of(logits_row: torch.Tensor, token_id: int, num_top: int) -> TokenL
 
 def changes_greedy_choice(params: SamplingParams) -> bool:
     """Whether processing can move the argmax, i.e. a greedy token is not simply the raw logits'
-    argmax (temperature and top-k/p/min-p masks cannot; bias, penalties and JSON mode's mask can).
+    argmax (temperature and top-k/p/min-p masks cannot; bias, penalties and a structured output's mask can).
     min_tokens can too, but only while the sequence is short: the caller checks that."""
     return (
         bool(params.logit_bias)
         or params.repetition_penalty != 1.0
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
-        or params.json_object
+        or params.structured is not None
     )
 
 

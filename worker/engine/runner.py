@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import Drafter, TargetStates
-from worker.engine.json_constraint import JsonConstraint, JsonMasks
+from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
+from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, tree_inputs
@@ -29,8 +29,8 @@ class ContextLengthError(ValueError):
     """prompt + max_tokens does not fit the model's (or the worker's) context window."""
 
 
-class NoJsonMode(ValueError):
-    """A JSON-mode request for a runner without the tokenizer's bytes (see `json_masks`)."""
+class NoStructuredOutputs(ValueError):
+    """A constrained request for a runner without the model's tokenizer (see `grammar_masks`)."""
 
 
 class ModelRunner:
@@ -52,8 +52,8 @@ class ModelRunner:
         # Called after each decode step with the raw logits rows [num_emitted, vocab] that chose the
         # emitted tokens (logprobs for the serving side); None costs nothing.
         self.logits_observer: Callable[[Sequence, torch.Tensor, list[int]], None] | None = None
-        # JSON mode's masks; set where the tokenizer is known (worker.serving_model).
-        self.json_masks: JsonMasks | None = None
+        # Structured outputs' masks; set where the tokenizer is known (worker.serving_model).
+        self.grammar_masks: GrammarMasks | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -84,14 +84,25 @@ class ModelRunner:
             output_ids=list(resumed_ids),
             stop_ids=stop_ids,
         )
-        if params.json_object:
-            if self.json_masks is None:
-                raise NoJsonMode("JSON mode needs the model's tokenizer: load it with worker.serving_model")
-            sequence.constraint = JsonConstraint(self.json_masks, stop_ids)
+        if params.structured is not None:
+            sequence.constraint = self._constraint(params, stop_ids)
         if self.drafter is not None:
             sequence.drafter_state = self.drafter.start(sequence)
         self._finish_if_done(sequence)
         return sequence
+
+    def _constraint(self, params: SamplingParams, stop_ids: frozenset[int]) -> GrammarConstraint:
+        """The sequence's grammar: compiled once per worker (by the intake, off this thread), copied here."""
+        masks = self.grammar_masks
+        if masks is None:
+            raise NoStructuredOutputs(
+                "structured outputs need the model's tokenizer: load it with worker.serving_model"
+            )
+        assert params.structured is not None
+        matcher = masks.compile(params.structured.check())
+        after = params.constraint_after
+        answer_start = AnswerStart(after, masks.token_text) if after else None
+        return GrammarConstraint(masks, matcher, stop_ids, answer_start)
 
     def prefill(self, sequence: Sequence, max_chunk: int) -> None:
         """Run up to `max_chunk` of the tokens before the root through the target (and drafter)."""
@@ -137,8 +148,10 @@ class ModelRunner:
         num_tokens = keys.shape[2]
         assert sequence.cache.length == 0 and 0 < num_tokens < sequence.num_tokens, (num_tokens, sequence.num_tokens)
         sequence.cache.load_prefix(keys, values)
-        if self.drafter is not None:
-            sequence.drafter_state = self.drafter.import_prefix(sequence, drafter_snapshot)
+        drafter = self.drafter
+        if drafter is not None:
+            assert reuses_prefixes(drafter)  # the prefill cache is off for any other drafter (ModelStepper)
+            sequence.drafter_state = drafter.import_prefix(sequence, drafter_snapshot)
 
     def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Copies of the target's K/V for the first `num_tokens` committed tokens, and the drafter's snapshot."""
@@ -147,7 +160,10 @@ class ModelRunner:
         keys = cache.keys[:, :, :num_tokens].clone()  # [layers, kv_heads, n, head_dim]
         values = cache.values[:, :, :num_tokens].clone()
         drafter = self.drafter
-        snapshot = drafter.export_prefix(sequence.drafter_state, num_tokens) if drafter is not None else None
+        if drafter is None:
+            return keys, values, None
+        assert reuses_prefixes(drafter)  # the prefill cache is off for any other drafter (ModelStepper)
+        snapshot = drafter.export_prefix(sequence.drafter_state, num_tokens)
         return keys, values, snapshot
 
     def _propose(self, sequence: Sequence) -> DraftTree:

@@ -8,12 +8,12 @@ tokens another worker already emitted) are the same shape: prefill `token_ids[:-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from shared.sampling import SamplingParams
-from worker.engine.json_constraint import JsonConstraint
+from worker.engine.grammar_constraint import GrammarConstraint
 from worker.engine.stats import SpecStats
 from worker.models.kv_cache import KVCache
 
@@ -28,9 +28,9 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)  # emitted so far (incl. any resumed tokens)
     drafter_state: Any = None
     stats: SpecStats = field(default_factory=SpecStats)
-    finish_reason: str | None = None  # "stop", "length"; set by the runner or the text pipeline
+    finish_reason: Literal["stop", "length"] | None = None  # set by the runner or the text pipeline
     stop_ids: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignore_eos) and stop_token_ids
-    constraint: JsonConstraint | None = None  # JSON mode's progress (params.json_object)
+    constraint: GrammarConstraint | None = None  # a structured output's progress (params.structured)
 
     @property
     def token_ids(self) -> list[int]:

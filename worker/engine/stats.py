@@ -8,6 +8,7 @@ one per token without speculation); prefill forwards are timed but not counted, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -66,7 +67,7 @@ class SpecStats:
             else:
                 self.accepted_per_depth.append(count)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "target_forwards": self.target_forwards,
             "drafts": self.drafts,

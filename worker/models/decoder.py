@@ -34,9 +34,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in at least float32 (as the reference does) but never below the input's precision.
         compute = torch.promote_types(x.dtype, torch.float32)
-        h = x.to(compute)
+        h = x if x.dtype == compute else x.to(compute)  # no call where nothing converts: 1 row is all overhead
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * (h if h.dtype == x.dtype else h.to(x.dtype))
 
 
 class Attention(nn.Module):
@@ -62,15 +62,28 @@ class Attention(nn.Module):
             self.num_kv_heads * self.head_dim,
         )
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, heads, d], k and v [T, kv_heads, d]."""
-        num_tokens = x.shape[0]
+    def rotated_qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [heads, T, d] and k [kv_heads, T, d] normed (Qwen3) and rotated; v [T, kv_heads, d]."""
+        num_tokens, head_dim = x.shape[0], self.head_dim
+        if self.qkv_proj is not None and self.q_norm is None:
+            # fused: q and k are adjacent columns of one product, so one rotary call does both
+            qkv = self.qkv_proj(x)  # [T, (heads + 2 kv_heads) * d]
+            num_qk = self.num_heads + self.num_kv_heads
+            qk = qkv[:, : num_qk * head_dim].view(num_tokens, num_qk, head_dim).transpose(0, 1)
+            qk = apply_rotary(qk, cos, sin)  # [heads + kv_heads, T, d]
+            v = qkv[:, num_qk * head_dim :].view(num_tokens, self.num_kv_heads, head_dim)
+            return qk[: self.num_heads], qk[self.num_heads :], v
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # views of one [T, q + 2 kv] product
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        shape = (num_tokens, -1, self.head_dim)
-        return q.view(shape), k.view(shape), v.view(shape)
+        shape = (num_tokens, -1, head_dim)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q.transpose(0, 1), cos, sin), apply_rotary(k.transpose(0, 1), cos, sin), v
 
     def forward(
         self,
@@ -83,11 +96,7 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.project(x)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q.transpose(0, 1), cos, sin)  # [heads, T, head_dim]
-        k = apply_rotary(k.transpose(0, 1), cos, sin)  # [kv_heads, T, head_dim]
+        q, k, v = self.rotated_qkv(x, cos, sin)
         end = start + num_tokens
         layer_keys[:, start:end] = k
         layer_values[:, start:end] = v.transpose(0, 1)
@@ -197,10 +206,15 @@ class Decoder(nn.Module):
         assert self.selector is not None, "a decoder on the exact path holds one format"
         self.selector.set(plan, decode_format or plan.format_for(1))
 
+    def set_decode_rows(self, num_rows: int) -> None:
+        """Forwards with logits in the plan's format for `num_rows` (a mode's verification width)."""
+        assert self.selector is not None, "a decoder on the exact path holds one format"
+        self.selector.set(self.selector.plan, self.selector.plan.format_for(num_rows))
+
     def head_weight(self) -> torch.Tensor:
         """lm_head's weight [vocab, hidden] as a dense tensor (for a drafter's vocabulary subset)."""
         head = self.lm_head
-        return head.dense_weight() if isinstance(head, PlannedLinear) else head.weight
+        return head.weight if isinstance(head, nn.Linear) else head.dense_weight()
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(self.config, max_tokens, self.dtype, self.device)

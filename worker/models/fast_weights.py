@@ -28,6 +28,7 @@ from worker.models.quantized_weight import (
     quantize_int4,
     quantize_int8,
 )
+from worker.models.refined_head import TopKRefinedHead
 from worker.models.row_plan import FormatSelector
 from worker.models.weight_formats import LinearFormats, WeightFormat
 from worker.models.weight_packing import as_kernel_sees
@@ -60,8 +61,14 @@ def build_fast_linears(
         head.source = _in_format(sources["lm_head"].weight, "int4")  # type: ignore[assignment]
     elif "int8" in head.weight_formats and len(head.weight_formats) == 1:
         head.source = _in_format(sources["lm_head"].weight, "int8")  # type: ignore[assignment]
-    decoder.lm_head = head
+    decoder.lm_head = _refined(head, sources["lm_head"], formats) if formats.refine_head else head
     decoder.share_selector(FormatSelector(formats.formats))
+
+
+def _refined(head: PlannedLinear, source: LinearSource, formats: LinearFormats) -> TopKRefinedHead:
+    """The head with its best candidates recomputed from the exact weight (refined_head.py)."""
+    exact = dequantized(source.weight).to(DENSE_DTYPES[formats.activation_dtype])
+    return TopKRefinedHead(head, exact)
 
 
 def _fuse_attention(

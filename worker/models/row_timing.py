@@ -15,6 +15,7 @@ import time
 import torch
 
 from worker.models.decoder import Decoder
+from worker.models.kv_cache import KVCache
 from worker.models.row_plan import DEFAULT_ROW_COUNTS, RowPlan, choose_plan
 from worker.models.weight_formats import LinearFormats
 
@@ -40,8 +41,7 @@ def measure_row_costs(
 ) -> dict[str, dict[int, float]]:
     """costs[format][rows] = seconds of one forward of `rows` new tokens."""
     costs: dict[str, dict[int, float]] = {fmt: {} for fmt in weight_formats}
-    cache = decoder.new_cache(CONTEXT_TOKENS + max(row_counts))
-    _commit_context(decoder, cache)
+    cache = new_timing_cache(decoder, max(row_counts))
     given_up: set[str] = set()
     previous: dict[str, float] = {}  # each format's cost relative to the best, at the last count
     for rows in row_counts:
@@ -61,16 +61,29 @@ def _falling_behind(ratio: float, previous_ratio: float | None) -> bool:
     return ratio > GIVE_UP_RATIO and previous_ratio is not None and ratio > previous_ratio
 
 
-def _commit_context(decoder: Decoder, cache) -> None:
+def new_timing_cache(decoder: Decoder, max_rows: int) -> KVCache:
+    """A cache holding a short committed context, for `forward_cost`."""
+    cache = decoder.new_cache(CONTEXT_TOKENS + max_rows)
+    _commit_context(decoder, cache)
+    return cache
+
+
+def _commit_context(decoder: Decoder, cache: KVCache) -> None:
     token_ids = torch.arange(CONTEXT_TOKENS, device=decoder.device) % decoder.config.vocab_size
     decoder(token_ids, torch.arange(CONTEXT_TOKENS, device=decoder.device), cache, num_logits=0)
     cache.commit(CONTEXT_TOKENS)
 
 
-def _forward_cost(decoder: Decoder, cache, weight_format: str, rows: int, repeats: int) -> float:
+def _forward_cost(decoder: Decoder, cache: KVCache, weight_format: str, rows: int, repeats: int) -> float:
     decoder.set_formats(RowPlan.single(weight_format))
+    return forward_cost(decoder, cache, rows, repeats)
+
+
+def forward_cost(decoder: Decoder, cache: KVCache, rows: int, repeats: int = REPEATS) -> float:
+    """Seconds of one forward of `rows` new tokens with logits after the cache's context, as set up now."""
+    start = cache.length
     token_ids = torch.arange(rows, device=decoder.device) % decoder.config.vocab_size
-    positions = torch.arange(CONTEXT_TOKENS, CONTEXT_TOKENS + rows, device=decoder.device)
+    positions = torch.arange(start, start + rows, device=decoder.device)
     decoder(token_ids, positions, cache)  # warm-up: first calls allocate and pick kernels
     best = float("inf")
     for _ in range(repeats):

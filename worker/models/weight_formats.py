@@ -36,6 +36,7 @@ class LinearFormats:
     body: WeightFormat  # q/k/v/o projections and the MLP
     head: WeightFormat  # lm_head
     alternative: WeightFormat | None = None  # a dense copy of every linear, for the rows it wins
+    refine_head: bool = False  # the head's best candidates recomputed exactly (refined_head.py)
 
     @property
     def is_exact_path(self) -> bool:
@@ -79,7 +80,7 @@ def linear_formats(
         raise ValueError(f"quantize={quantize!r}: choose from {', '.join(QUANTIZE_CHOICES)}")
     alternative: WeightFormat | None = "bfloat16" if num_params <= MAX_ALTERNATIVE_PARAMS else None
     body: WeightFormat = "int4" if chosen == "int4" else "int8"
-    return LinearFormats(activation, body, body, alternative)
+    return LinearFormats(activation, body, body, alternative, refine_head=activation != "bfloat16")
 
 
 def _dense(activation: str) -> WeightFormat:

@@ -16,7 +16,7 @@ def test_explicit_float32_is_the_exact_path_even_for_a_quantized_file() -> None:
 
 def test_auto_on_cpu_keeps_a_q4_file_in_int4_with_a_bfloat16_twin() -> None:
     formats = linear_formats("auto", "auto", "cpu", "int4", SMALL)
-    assert formats == LinearFormats("float32", "int4", "int4", "bfloat16")
+    assert formats == LinearFormats("float32", "int4", "int4", "bfloat16", refine_head=True)
     assert formats.formats == ("int4", "bfloat16") and not formats.is_exact_path
 
 
@@ -27,8 +27,11 @@ def test_auto_on_cuda_runs_bfloat16_activations() -> None:
 
 def test_a_float_checkpoint_stays_dense_unless_asked_to_quantize() -> None:
     assert linear_formats("auto", "auto", "cpu", None, SMALL).is_exact_path
-    assert linear_formats("int8", "auto", "cpu", None, SMALL) == LinearFormats("float32", "int8", "int8", "bfloat16")
-    assert linear_formats("int4", "bfloat16", "cpu", None, SMALL).activation_dtype == "bfloat16"
+    assert linear_formats("int8", "auto", "cpu", None, SMALL) == LinearFormats(
+        "float32", "int8", "int8", "bfloat16", refine_head=True
+    )
+    bfloat16 = linear_formats("int4", "bfloat16", "cpu", None, SMALL)
+    assert bfloat16.activation_dtype == "bfloat16" and not bfloat16.refine_head  # its logits are bfloat16 anyway
 
 
 def test_a_large_model_keeps_one_format() -> None:

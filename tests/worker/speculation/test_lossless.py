@@ -9,16 +9,16 @@ that n-gram drafts get accepted.
 from __future__ import annotations
 
 import functools
+import json
 import random
 
 import pytest
 
 from shared.sampling import SamplingParams
+from shared.structured_output import StructuredOutput, choice_output, json_schema_output, tool_call_output
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints
-from worker.constraints.json_grammar import INITIAL, feed, is_complete
-from worker.constraints.json_vocabulary import byte_level_token_bytes
 from worker.drafters.registry import DraftOptions, load_drafter
-from worker.engine.json_constraint import JsonMasks
+from worker.engine.grammar_constraint import GrammarMasks
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
@@ -32,8 +32,28 @@ PENALIZED = SamplingParams(
     max_tokens=32, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2
 )
 NUM_BANNED = 6  # the tokens plain greedy decoding emits most, banned with logit_bias -100
-JSON_GREEDY = SamplingParams(max_tokens=40, json_object=True)
-JSON_SAMPLED = SamplingParams(max_tokens=40, json_object=True, temperature=1.0, seed=7)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
+        "owner": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"name": {"type": "string"}}}]},
+    },
+    "required": ["id", "tags", "owner"],
+    "additionalProperties": False,
+}
+CONSTRAINTS = {
+    "json": StructuredOutput("json_object", "", "response_format"),
+    "schema": json_schema_output(SCHEMA, "response_format.json_schema.schema"),
+    "regex": StructuredOutput("regex", r"(ab|c[de]){1,3}-[0-9]{2,6}", "guided_regex"),
+    "choice": choice_output(["red", "green", "blue"], "guided_choice"),
+    "tool_call": tool_call_output([{"name": "lookup", "parameters": SCHEMA}, {"name": "noop"}], True, "tool_choice"),
+}
+CONSTRAINED = {name: SamplingParams(max_tokens=40, structured=output) for name, output in CONSTRAINTS.items()} | {
+    f"{name}_sampled": SamplingParams(max_tokens=40, structured=output, temperature=1.0, seed=7)
+    for name, output in CONSTRAINTS.items()
+}
+JSON_GREEDY = CONSTRAINED["json"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,13 +72,13 @@ def runner_for(family: str, mode: str) -> ModelRunner:
     model = loaded(family)
     options = DraftOptions(draft=speculation_checkpoints(family).dflash if mode in ("dflash", "tree") else None)
     runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, load_drafter(mode, model, options))
-    runner.json_masks = json_masks(family)
+    runner.grammar_masks = grammar_masks(family)
     return runner
 
 
 @functools.cache
-def json_masks(family: str) -> JsonMasks:
-    return JsonMasks.for_model(loaded(family))
+def grammar_masks(family: str) -> GrammarMasks:
+    return GrammarMasks.for_model(loaded(family))
 
 
 def make_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
@@ -90,9 +110,7 @@ def decode(runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, s
 
 @functools.cache
 def outputs(family: str, mode: str, params_name: str, num_prompts: int) -> tuple[list[list[int]], SpecStats]:
-    params = {"greedy": GREEDY, "penalized": PENALIZED, "json": JSON_GREEDY, "json_sampled": JSON_SAMPLED}.get(
-        params_name
-    ) or biased_params(family)
+    params = ({"greedy": GREEDY, "penalized": PENALIZED} | CONSTRAINED).get(params_name) or biased_params(family)
     prompts = make_prompts(loaded(family).config.vocab_size, num_prompts, seed=FAMILIES.index(family))
     stats = SpecStats()
     return [decode(runner_for(family, mode), prompt, params, stats) for prompt in prompts], stats
@@ -156,25 +174,58 @@ def test_greedy_with_logit_bias_equals_plain_decoding(family, mode):
     assert_same_tokens(expected, outputs(family, mode, "biased", 4)[0], mode)
 
 
+def assert_within_grammar(family: str, output: StructuredOutput, outputs: list[list[int]]) -> int:
+    """Each output is accepted, token by token, by a fresh llguidance matcher, and one that ended
+    on EOS is complete (and, for a schema, validates). Checked on plain decoding's output, so a
+    verifier that skipped the mask fails here too. Returns how many were complete."""
+    import jsonschema
+    import llguidance
+
+    model = loaded(family)
+    eos_ids = model.checkpoint.eos_token_ids
+    tokenizer = llguidance.LLTokenizer(model.tokenizer.to_str(), n_vocab=model.config.vocab_size, eos_token=eos_ids)
+    complete = 0
+    for tokens in outputs:
+        ended = bool(tokens) and tokens[-1] in eos_ids
+        matcher = llguidance.LLMatcher(tokenizer, output.check(), log_level=0)
+        assert matcher.consume_tokens(tokens[:-1] if ended else tokens), matcher.get_error()
+        if ended:
+            assert matcher.is_accepting(), "EOS before the grammar was complete"
+            complete += 1
+            if output.kind == "json_schema":
+                jsonschema.validate(json.loads(model.tokenizer.decode(tokens[:-1])), SCHEMA)
+    return complete
+
+
 @pytest.mark.parametrize("mode", MODES[1:])
 @pytest.mark.parametrize("params_name", ["json", "json_sampled"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_json_mode_writes_json_and_equals_plain_decoding(family, params_name, mode):
-    """Every output is JSON as far as it goes, an object when it ended on EOS (checked on plain
-    decoding's output, so a verifier that skipped the mask fails here too), and every mode emits
-    plain decoding's very tokens, drawn or greedy."""
+    """Every mode emits plain decoding's very tokens, drawn or greedy, and they are JSON."""
     expected, _ = outputs(family, "none", params_name, 6)
-    token_bytes = byte_level_token_bytes(loaded(family).tokenizer)
-    eos_ids = loaded(family).checkpoint.eos_token_ids
-    for tokens in expected:
-        ended = bool(tokens) and tokens[-1] in eos_ids
-        state = feed(INITIAL, b"".join(token_bytes[t] for t in (tokens[:-1] if ended else tokens)))
-        assert state is not None, "not JSON"
-        if ended:
-            assert is_complete(state), "EOS before the object closed"
+    assert_within_grammar(family, CONSTRAINTS["json"], expected)
     got, stats = outputs(family, mode, params_name, 6)
     assert_same_tokens(expected, got, mode)
     assert stats.draft_tokens > 0
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+@pytest.mark.parametrize("kind", ["schema", "regex", "choice", "tool_call"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_every_kind_of_constraint_is_lossless_under_speculation(kind, sampled, mode):
+    family = FAMILIES[0]
+    params_name = f"{kind}_sampled" if sampled else kind
+    expected, _ = outputs(family, "none", params_name, 4)
+    assert_within_grammar(family, CONSTRAINTS[kind], expected)
+    assert_same_tokens(expected, outputs(family, mode, params_name, 4)[0], mode)
+
+
+def test_short_grammars_run_to_completion_and_end_on_eos():
+    """A choice or a regex a random model completes within its budget: EOS right after."""
+    family = FAMILIES[0]
+    for kind in ("choice", "regex"):
+        expected, _ = outputs(family, "none", kind, 4)
+        assert assert_within_grammar(family, CONSTRAINTS[kind], expected) == 4, kind
 
 
 @pytest.mark.parametrize("mode", MODES)
