@@ -57,6 +57,7 @@ def run_up(args: argparse.Namespace) -> int:
     embedded = None if redis_url else EmbeddedRedis().start()
     redis_url = redis_url or (embedded.url if embedded is not None else "")
     env = dict(os.environ, REDIS_URL=redis_url, ARBOR_HOST=args.host, ARBOR_PORT=str(args.port))
+    env.setdefault("ARBOR_WORKERS_PER_HOST", str(args.workers))  # they split this machine's cores
     stopping = False
 
     def stop(*_: object) -> None:

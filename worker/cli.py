@@ -274,9 +274,23 @@ def load_worker_model(settings):
         options,
         settings.dtype,
         max_context=settings.max_context,
+        num_threads=worker_threads(settings),
         cache_dir=settings.cache_dir,
         quantize=settings.quantize,
     )
+
+
+def worker_threads(settings) -> int:
+    """ARBOR_THREADS, else the rule over this process's cores (worker/thread_count.py); logged."""
+    import logging
+
+    from worker.thread_count import available_cores, intra_op_threads
+
+    cores = available_cores()
+    threads = settings.threads or intra_op_threads(cores, settings.workers_per_host)
+    source = "ARBOR_THREADS" if settings.threads else f"{cores} cores, {settings.workers_per_host} worker(s) per host"
+    logging.getLogger(__name__).info("model threads: %d (%s)", threads, source)
+    return threads
 
 
 async def _serve_until_signalled(service) -> None:
