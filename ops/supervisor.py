@@ -16,11 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from ops.restart_policy import CrashHistory, RestartPolicy, restartable
 
 LOG_TAIL_LINES = 12
 STOP_TIMEOUT_S = 40.0
+FORWARD_DRAIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class SupervisedProcess:
     restart_at: float | None = None  # monotonic time of the scheduled restart, while it is down
     restarts: int = 0
     log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
+    forwarder: threading.Thread | None = None  # the current incarnation's output, line by line
 
     def start(self) -> None:
         # A new session each, so the terminal's Ctrl-C reaches only `arbor up`, which stops them in order.
@@ -56,10 +59,11 @@ class SupervisedProcess:
         self.started_at = time.monotonic()
         self.restart_at = None
         assert self.process.stdout is not None
-        threading.Thread(target=self._forward, args=(self.process.stdout,), daemon=True).start()
+        self.forwarder = threading.Thread(target=self._forward, args=(self.process.stdout,), daemon=True)
+        self.forwarder.start()
 
-    def _forward(self, pipe: object) -> None:
-        for raw in iter(pipe.readline, b""):  # type: ignore[attr-defined]
+    def _forward(self, pipe: IO[bytes]) -> None:
+        for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace")
             self.log_tail.append(line if line.endswith("\n") else line + "\n")
             sys.stdout.write(f"{self.name} | {line}")
@@ -103,7 +107,8 @@ class Supervisor:
         return None
 
     def _crashed(self, child: SupervisedProcess, returncode: int, now: float) -> GiveUp | None:
-        time.sleep(0.05)  # let the forwarding thread print its last lines
+        if child.forwarder is not None:
+            child.forwarder.join(FORWARD_DRAIN_S)  # its last lines, before they are quoted
         status = f"exited with status {returncode}" if returncode >= 0 else f"was killed by {_signal_name(returncode)}"
         if not restartable(returncode):
             return GiveUp(child.name, f"{status} (a user error: restarting would not help)", list(child.log_tail))

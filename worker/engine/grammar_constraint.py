@@ -54,7 +54,8 @@ class GrammarMasks:
         self.vocab_size = vocab_size  # the logits' width: the model's, which may exceed the tokenizer's
         self.eos_ids = frozenset(eos_ids)
         self.device = device  # the logits': masks go there
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the compiled grammars
+        self._tokenizer_lock = threading.Lock()
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
 
@@ -71,16 +72,18 @@ class GrammarMasks:
 
     def compile(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for `grammar` (compiled once, then copied); GrammarUnavailable where the
-        tokenizer cannot be read, ValueError with the engine's message where it does not compile."""
+        tokenizer cannot be read, ValueError with the engine's message where it does not compile.
+        The compile itself holds no lock: a slow grammar stalls only the thread that asked."""
         with self._lock:
             compiled = self._compiled.get(grammar)
-            if compiled is None:
-                compiled = self._compile(grammar)
-                self._compiled[grammar] = compiled
-                if len(self._compiled) > MAX_COMPILED_GRAMMARS:
-                    self._compiled.popitem(last=False)
-            else:
+            if compiled is not None:
                 self._compiled.move_to_end(grammar)
+                return compiled.deep_copy()
+        compiled = self._compile(grammar)
+        with self._lock:
+            self._compiled[grammar] = compiled
+            if len(self._compiled) > MAX_COMPILED_GRAMMARS:
+                self._compiled.popitem(last=False)
             return compiled.deep_copy()
 
     def is_compiled(self, grammar: str) -> bool:
@@ -95,16 +98,19 @@ class GrammarMasks:
         return matcher
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+
+        with self._tokenizer_lock:  # read once, by whichever thread asks first
+            if self._tokenizer is None:
+                self._tokenizer = self._read_tokenizer()
+        return self._tokenizer
+
+    def _read_tokenizer(self) -> llguidance.LLTokenizer:
         import llguidance
 
-        if self._tokenizer is None:
-            try:
-                self._tokenizer = llguidance.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
-                )
-            except (ValueError, RuntimeError) as error:
-                raise GrammarUnavailable(f"structured outputs cannot read this model's tokenizer: {error}") from None
-        return self._tokenizer
+        try:
+            return llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids))
+        except (ValueError, RuntimeError) as error:
+            raise GrammarUnavailable(f"structured outputs cannot read this model's tokenizer: {error}") from None
 
     def ids_mask(self, token_ids: Collection[int]) -> torch.Tensor:  # [vocab_size] bool
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
