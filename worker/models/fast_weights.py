@@ -61,13 +61,15 @@ def build_fast_linears(
         head.source = _in_format(sources["lm_head"].weight, "int4")  # type: ignore[assignment]
     elif "int8" in head.weight_formats and len(head.weight_formats) == 1:
         head.source = _in_format(sources["lm_head"].weight, "int8")  # type: ignore[assignment]
-    decoder.lm_head = _refined(head, sources["lm_head"], formats) if formats.refine_head else head
+    decoder.lm_head = _refined(head, sources["lm_head"], formats, device) if formats.refine_head else head
     decoder.share_selector(FormatSelector(formats.formats))
 
 
-def _refined(head: PlannedLinear, source: LinearSource, formats: LinearFormats) -> TopKRefinedHead:
+def _refined(
+    head: PlannedLinear, source: LinearSource, formats: LinearFormats, device: torch.device | str
+) -> TopKRefinedHead:
     """The head with its best candidates recomputed from the exact weight (refined_head.py)."""
-    exact = dequantized(source.weight).to(DENSE_DTYPES[formats.activation_dtype])
+    exact = dequantized(source.weight).to(device=device, dtype=DENSE_DTYPES[formats.activation_dtype])
     return TopKRefinedHead(head, exact)
 
 

@@ -14,6 +14,7 @@ from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
 from worker.models.fast_weights import LinearSource, build_fast_linears
+from worker.models.refined_head import TopKRefinedHead
 from worker.models.row_plan import RowPlan
 from worker.models.row_timing import plan_rows
 from worker.models.weight_formats import LinearFormats, linear_formats
@@ -152,6 +153,8 @@ def build_fast_decoder(
     state = {name: _dense_tensor(checkpoint, config, name, meta, dtype, device) for name, meta in rest.items()}
     decoder.load_state_dict(state, assign=True, strict=False)
     decoder.activation_dtype = dtype
+    if config.tie_word_embeddings and isinstance(decoder.lm_head, TopKRefinedHead):
+        decoder.lm_head.weight = decoder.model.embed_tokens.weight  # one copy of the exact values, not two
     return decoder.eval()
 
 

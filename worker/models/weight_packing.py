@@ -6,7 +6,8 @@ CPU (measured on an AVX-512 EPYC, torch 2.13, one thread; tests/worker/models pi
   slower (int4, 1536x576, one row: 2.2 ms in float32 vs 0.05-0.16 ms in bfloat16). So on CPU the
   kernels always run in bfloat16, whatever the model's activation dtype.
 CUDA (tinygemm, `_weight_int4pack_mm`): bfloat16 activations, the weight packed from [out, in/2]
-  uint8 (two values per byte, even column in the high nibble) with innerKTiles 8; int8 through
+  uint8 (two values per byte, even column in the high nibble) with innerKTiles 8 (or 4, 2 where
+  in_features asks); int8 through
   `_weight_int8pack_mm` where the build has it. Not runnable here; tests/gpu/ checks it on a GPU.
 
 Scales and zeros travel in the kernel's activation dtype ([in/group, out, 2] for int4).
@@ -67,12 +68,21 @@ def pack_int4(weight: Int4Weight, device: torch.device | str) -> PackedInt4:
     q = weight.q.to(device)
     if device.type == "cuda":
         nibbles = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()  # [out, in / 2] uint8
-        packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, CUDA_INNER_K_TILES)
+        packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, cuda_inner_k_tiles(weight.shape[1]))
     else:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
     scales_and_zeros = torch.stack((weight.scales, weight.kernel_zeros()), dim=-1).transpose(0, 1)  # [groups, out, 2]
     sz = scales_and_zeros.contiguous().to(device=device, dtype=KERNEL_DTYPE)
     return PackedInt4(packed, sz, weight.group_size, out_features)
+
+
+def cuda_inner_k_tiles(in_features: int) -> int:
+    """tinygemm wants in_features a multiple of innerKTiles * 16: the largest of 8, 4, 2 that fits
+    (SmolLM2's 576 takes 4, an 8B model's 4096 takes 8)."""
+    for tiles in (CUDA_INNER_K_TILES, 4, 2):
+        if in_features % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"in_features={in_features} is not a multiple of 32: no int4 layout on CUDA")
 
 
 def _padded_rows(weight: Int4Weight, num_rows: int) -> Int4Weight:
