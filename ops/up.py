@@ -87,6 +87,8 @@ def run_up(args: argparse.Namespace) -> int:
             give_up = supervisor.poll()
             if give_up is not None:
                 return _fail(give_up)
+            if embedded is not None and not embedded.running:
+                _restart_redis(embedded, restarts, [child.name for child in supervisor.children])
             time.sleep(POLL_INTERVAL_S)
         return 0
     finally:
@@ -95,6 +97,17 @@ def run_up(args: argparse.Namespace) -> int:
         supervisor.stop_all()
         if embedded is not None:
             embedded.stop()
+
+
+def _restart_redis(embedded: EmbeddedRedis, restarts: RestartCounts, names: list[str]) -> None:
+    """The embedded Redis died: start it again on the same socket, empty. The gateway and the
+    workers ride out the outage and reconnect; requests in flight end with 503 `job_lost`
+    (their stream entries are gone), new ones are served."""
+    print("arbor up: the embedded Redis exited; starting it again (requests in flight are lost)", file=sys.stderr)
+    embedded.stop(keep_data=True)
+    embedded.start()
+    restarts.start(names)
+    restarts.count("redis")
 
 
 def _fail(outcome: GiveUp | str) -> int:

@@ -187,6 +187,17 @@ def test_a_killed_gateway_is_restarted_on_its_port_and_serves_again(two_workers:
     assert two_workers.restarts()["gateway"] == restarts_before + 1
 
 
+def test_a_killed_embedded_redis_is_started_again_and_the_stack_serves(two_workers: UpStack) -> None:
+    [server] = [pid for pid in child_pids(two_workers.process.pid) if "redis-server" in command_line(pid)[0]]
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: server not in child_pids(two_workers.process.pid), END_S, "Redis to be reaped")
+    wait_for(lambda: len(two_workers.live_workers()) == 2, START_TIMEOUT_S, "both workers back on the new Redis")
+    wait_for(lambda: _healthy(two_workers.base_url), START_TIMEOUT_S, "the gateway back on the new Redis")
+    assert answer(two_workers, chat("Still there?") | {"max_tokens": 8})
+    assert two_workers.restarts()["redis"] == 1.0
+    assert "the embedded Redis exited; starting it again" in two_workers.output()
+
+
 def _healthy(base_url: str) -> bool:
     try:
         return httpx.get(f"{base_url}/health", timeout=5).status_code == 200
