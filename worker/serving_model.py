@@ -73,4 +73,5 @@ def verify_rows(drafter: object | None) -> int:
     """Rows of a full verification forward in this mode: the root plus the most nodes a draft has."""
     if drafter is None:
         return 1
-    return 1 + int(getattr(drafter, "tree_budget", None) or getattr(drafter, "num_draft", 0))
+    budget = getattr(drafter, "tree_budget", None) or getattr(drafter, "num_draft", 0)
+    return 1 + int(budget or 0)

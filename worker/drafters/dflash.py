@@ -65,6 +65,7 @@ class DFlashLayer(DecoderLayer):
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, rotated) and V of x: [kv_heads, T, head_dim] each."""
         attn = self.self_attn
+        assert attn.k_norm is not None  # Qwen3 layers: q/k norms always
         num_tokens = x.shape[0]
         k = attn.k_norm(attn.k_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim))
         v = attn.v_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)
@@ -84,6 +85,7 @@ class DFlashLayer(DecoderLayer):
         attn = self.self_attn
         h = self.input_layernorm(x)
         num_tokens = h.shape[0]
+        assert attn.q_norm is not None
         q = attn.q_norm(attn.q_proj(h).view(num_tokens, attn.num_heads, attn.head_dim))
         q = apply_rotary(q.transpose(0, 1), cos, sin)  # [heads, T, head_dim]
         end = start + num_tokens

@@ -13,6 +13,7 @@ On disk: an optional `draft_vocab.json` next to the drafter's config.json, {"tok
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from torch import nn
 from worker.drafters.base import DrafterError
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import quantize_int4, quantize_int8
+from worker.models.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from worker.models.refined_head import TopKRefinedHead
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -38,10 +39,14 @@ class DraftVocabulary:
         self.head: nn.Module | None = None  # a module computing the logits, else F.linear below
         if isinstance(lm_head, TopKRefinedHead):  # drafts need no exact logits: the fast head alone
             lm_head = lm_head.head
+        self.weight: torch.Tensor | None
+        self.bias: torch.Tensor | None
         if isinstance(lm_head, PlannedLinear):
             self._init_planned(lm_head, token_ids)
             return
-        weight, bias = lm_head.weight, lm_head.bias
+        assert isinstance(lm_head, nn.Linear), type(lm_head)
+        weight: torch.Tensor = lm_head.weight
+        bias: torch.Tensor | None = lm_head.bias
         if token_ids is not None:
             token_ids = token_ids.to(weight.device)
             weight = weight[token_ids].contiguous()  # a copy: ~1/6 of the head's bytes for 8k tokens
@@ -61,7 +66,11 @@ class DraftVocabulary:
         bias = getattr(lm_head.impls[lm_head.weight_formats[0]], "bias", None)
         bias = bias[token_ids] if bias is not None else None
         primary = lm_head.weight_formats[0]
-        quantize = {"int4": quantize_int4, "int8": quantize_int8}.get(primary)
+        quantizers: dict[str, Callable[[torch.Tensor], QuantizedWeight]] = {
+            "int4": quantize_int4,
+            "int8": quantize_int8,
+        }
+        quantize = quantizers.get(primary)
         self.head = QuantizedLinear(quantize(weight), bias, dense.device) if quantize else None
         if self.head is None:
             self.weight, self.bias = weight.to(dense.dtype), bias

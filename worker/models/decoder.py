@@ -21,6 +21,7 @@ from worker.models.config import ModelConfig
 from worker.models.kv_cache import KVCache
 from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
+from worker.models.refined_head import TopKRefinedHead
 from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.models.row_plan import FormatSelector, RowPlan
 
@@ -49,7 +50,9 @@ class Attention(nn.Module):
         self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.o_proj: nn.Module = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_norm: RMSNorm | None
+        self.k_norm: RMSNorm | None
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -81,7 +84,7 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         shape = (num_tokens, -1, head_dim)
         q, k, v = q.view(shape), k.view(shape), v.view(shape)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q.transpose(0, 1), cos, sin), apply_rotary(k.transpose(0, 1), cos, sin), v
 
@@ -135,7 +138,7 @@ class MLP(nn.Module):
         size, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = Linear(size, inner, bias=bias)
         self.up_proj = Linear(size, inner, bias=bias)
-        self.down_proj = Linear(inner, size, bias=bias)
+        self.down_proj: nn.Module = Linear(inner, size, bias=bias)
         self.gate_up_proj: nn.Module | None = None  # gate and up stacked by rows, when fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,7 +186,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderBody(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary: RotaryEmbedding | None = None
@@ -219,7 +222,10 @@ class Decoder(nn.Module):
     def head_weight(self) -> torch.Tensor:
         """lm_head's weight [vocab, hidden] as a dense tensor (for a drafter's vocabulary subset)."""
         head = self.lm_head
-        return head.weight if isinstance(head, nn.Linear) else head.dense_weight()
+        if isinstance(head, nn.Linear):
+            return head.weight
+        assert isinstance(head, PlannedLinear | TopKRefinedHead), type(head)
+        return head.dense_weight()
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(self.config, max_tokens, self.dtype, self.device)

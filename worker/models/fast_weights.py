@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from worker.models.decoder import MLP, Attention, Decoder
+from worker.models.decoder import MLP, Attention, Decoder, DecoderLayer
 from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
@@ -53,6 +53,7 @@ def build_fast_linears(
 ) -> None:
     """Install every linear of `decoder` from `sources` (keyed by module path, "model.layers.0.mlp.up_proj")."""
     for layer_index, layer in enumerate(decoder.model.layers):
+        assert isinstance(layer, DecoderLayer)
         prefix = f"model.layers.{layer_index}"
         _fuse_attention(layer.self_attn, sources, f"{prefix}.self_attn", formats, device)
         _fuse_mlp(layer.mlp, sources, f"{prefix}.mlp", formats, device)

@@ -28,13 +28,14 @@ def read_blocks(data: np.ndarray, qtype: gguf.GGMLQuantizationType, shape: tuple
     groups = (rows, cols // BLOCK_SIZE)
     scales = _halves(blocks[:, 0:2]).reshape(groups)
     if qtype == _QTYPE.Q8_0:
-        q = torch.from_numpy(blocks[:, 2:].copy().view(np.int8)).reshape(rows, cols)
-        return Int8Weight(q, scales, BLOCK_SIZE)
+        codes = torch.from_numpy(blocks[:, 2:].copy().view(np.int8)).reshape(rows, cols)
+        return Int8Weight(codes, scales, BLOCK_SIZE)
     if qtype == _QTYPE.Q4_1:
-        mins, nibbles = _halves(blocks[:, 2:4]).reshape(groups), blocks[:, 4:]
+        mins = _halves(blocks[:, 2:4]).reshape(groups)
     else:
         assert qtype == _QTYPE.Q4_0, qtype
-        mins, nibbles = -8 * scales, blocks[:, 2:]  # exact: -8 d is a float16 times a power of two
+        mins = -8 * scales  # exact: -8 d is a float16 times a power of two
+    nibbles = blocks[:, 4:] if qtype == _QTYPE.Q4_1 else blocks[:, 2:]
     q = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=1)  # [num_blocks, 32]
     return Int4Weight(torch.from_numpy(q).reshape(rows, cols), scales, mins, BLOCK_SIZE)
 

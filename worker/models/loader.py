@@ -166,9 +166,8 @@ def _linear_source(checkpoint: Checkpoint, config: ModelConfig, path: str) -> Li
     name = f"{path}.weight"
     if _tied(config, name):
         name = "model.embed_tokens.weight"
-    weight = checkpoint.quantized.get(name)
-    if weight is None:
-        weight = _checked(checkpoint.tensors, name)
+    quantized = checkpoint.quantized.get(name)
+    weight = quantized if quantized is not None else _checked(checkpoint.tensors, name)
     return LinearSource(weight, checkpoint.tensors.get(f"{path}.bias"))
 
 
