@@ -49,14 +49,22 @@ class LinearSource:
 
 
 def build_fast_linears(
-    decoder: Decoder, sources: dict[str, LinearSource], formats: LinearFormats, device: torch.device | str
+    decoder: Decoder,
+    sources: dict[str, LinearSource],
+    formats: LinearFormats,
+    device: torch.device | str,
+    fuse: bool = True,
 ) -> None:
-    """Install every linear of `decoder` from `sources` (keyed by module path, "model.layers.0.mlp.up_proj")."""
+    """Install every linear of `decoder` from `sources` (keyed by module path, "model.layers.0.mlp.up_proj").
+    `fuse` False keeps the seven projections apart (ops/bench/fusions.py measures the difference)."""
     for layer_index, layer in enumerate(decoder.model.layers):
         assert isinstance(layer, DecoderLayer)
         prefix = f"model.layers.{layer_index}"
-        _fuse_attention(layer.self_attn, sources, f"{prefix}.self_attn", formats, device)
-        _fuse_mlp(layer.mlp, sources, f"{prefix}.mlp", formats, device)
+        if fuse:
+            _fuse_attention(layer.self_attn, sources, f"{prefix}.self_attn", formats, device)
+            _fuse_mlp(layer.mlp, sources, f"{prefix}.mlp", formats, device)
+        else:
+            _install_apart(layer, sources, prefix, formats, device)
     head = planned_linear(sources["lm_head"], formats.head, formats, device)
     if "int4" in head.weight_formats and len(head.weight_formats) == 1:  # a drafter's subset selects its rows
         head.source = _in_format(sources["lm_head"].weight, "int4")  # type: ignore[assignment]
@@ -90,6 +98,22 @@ def _fuse_mlp(
     mlp.gate_up_proj = planned_linear(stack_rows(parts), formats.body, formats, device)
     del mlp.gate_proj, mlp.up_proj
     mlp.down_proj = planned_linear(sources[f"{prefix}.down_proj"], formats.body, formats, device)
+
+
+def _install_apart(
+    layer: DecoderLayer,
+    sources: dict[str, LinearSource],
+    prefix: str,
+    formats: LinearFormats,
+    device: torch.device | str,
+) -> None:
+    for owner, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (layer.mlp, LINEAR_MLP)):
+        part = "self_attn" if owner is layer.self_attn else "mlp"
+        for name in names:
+            setattr(owner, name, planned_linear(sources[f"{prefix}.{part}.{name}"], formats.body, formats, device))
+
+
+LINEAR_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def stack_rows(parts: list[LinearSource]) -> LinearSource:

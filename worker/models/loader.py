@@ -140,7 +140,7 @@ def build_decoder(
 
 
 def build_fast_decoder(
-    config: ModelConfig, checkpoint: Checkpoint, formats: LinearFormats, device: str = "cpu"
+    config: ModelConfig, checkpoint: Checkpoint, formats: LinearFormats, device: str = "cpu", fuse: bool = True
 ) -> Decoder:
     """The decoder with its linears in `formats` (fast_weights.py) and the rest dense in the activation dtype."""
     with torch.device("meta"):
@@ -148,7 +148,7 @@ def build_fast_decoder(
     dtype = DTYPES[formats.activation_dtype]
     linear_paths = [name.removesuffix(".weight") for name, module in _linear_weights(decoder)]
     sources = {path: _linear_source(checkpoint, config, path) for path in linear_paths}
-    build_fast_linears(decoder, sources, formats, device)
+    build_fast_linears(decoder, sources, formats, device, fuse)
     rest = {name: meta for name, meta in decoder.state_dict().items() if meta.is_meta}
     state = {name: _dense_tensor(checkpoint, config, name, meta, dtype, device) for name, meta in rest.items()}
     decoder.load_state_dict(state, assign=True, strict=False)

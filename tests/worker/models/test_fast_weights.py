@@ -19,12 +19,13 @@ from tests.support.tiny_models import make_tiny_model
 from tests.worker.models.test_gguf_loader import write_tiny_gguf
 from worker.models.config import ModelConfig
 from worker.models.gguf_loader import load_gguf_checkpoint
-from worker.models.loader import build_decoder, load_model, read_checkpoint
+from worker.models.loader import build_decoder, build_fast_decoder, load_model, read_checkpoint
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
 from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.row_plan import RowPlan
+from worker.models.weight_formats import LinearFormats
 from worker.models.weight_packing import as_kernel_sees
 
 Q = gguf.GGMLQuantizationType
@@ -152,3 +153,16 @@ def test_refined_head_is_exact_on_its_candidates_and_fast_elsewhere() -> None:
     assert torch.equal(ours[others], approximate[others])
     assert torch.equal(ours.argmax(-1), exact.argmax(-1))  # the true best is among the candidates here
     assert torch.allclose(head(x[1]), ours[1], atol=0.05)  # one hidden state, as a drafter passes it
+
+
+def test_fused_and_apart_projections_compute_the_same_model() -> None:
+    checkpoint = read_checkpoint(tiny_folder("llama"), keep_quantized=True)
+    config = ModelConfig.from_hf(checkpoint.config)
+    formats = LinearFormats("float32", "int4", "int4", refine_head=True)
+    fused = build_fast_decoder(config, checkpoint, formats)
+    apart = build_fast_decoder(config, checkpoint, formats, fuse=False)
+    for decoder in (fused, apart):
+        decoder.set_formats(RowPlan.single("int4"))
+    assert apart.model.layers[0].self_attn.qkv_proj is None and fused.model.layers[0].mlp.gate_up_proj is not None
+    ours, expected = logits(fused, PROMPT), logits(apart, PROMPT)
+    assert (ours - expected).abs().max().item() < 1e-2 * expected.abs().max().item()
