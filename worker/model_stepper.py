@@ -72,6 +72,9 @@ class ModelStepper:
                 getattr(runner.drafter, "name", runner.drafter),
             )
             prefix_cache = None
+        if prefix_cache is not None and not runner.reuses_prefixes:
+            log.warning("the model keeps recurrent state besides K/V: the prefill cache is off")
+            prefix_cache = None
         self.runner = runner
         self.prefix_cache = prefix_cache
         self.counters = counters or WorkerCounters()

@@ -10,10 +10,12 @@ from typing import get_args
 from shared.settings import Speculation
 from worker.drafters.base import Drafter, DrafterError
 from worker.drafters.prompt_lookup import PromptLookupDrafter
+from worker.models.hybrid.config import HYBRID_MODEL_TYPES
 from worker.models.loader import LoadedModel
 
 SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
 DEFAULT_SPECULATION = "mtp"
+HYBRID_MODES = ("ngram",)  # hybrid models (worker/models/hybrid/): chains only, no MTP head yet
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,4 +61,10 @@ def load_drafter(mode: str, model: LoadedModel, options: DraftOptions) -> Drafte
         return None
     if mode not in DRAFTERS:
         raise DrafterError(f"unknown speculation mode {mode!r}; choose one of {', '.join(SPECULATION_MODES)}")
+    model_type = model.config.model_type
+    if model_type in HYBRID_MODEL_TYPES and mode not in HYBRID_MODES:
+        raise DrafterError(
+            f"speculation={mode!r} is not served for model_type={model_type!r} yet (trees over recurrent "
+            f"state and its MTP head are to come); choose none or {', '.join(HYBRID_MODES)}"
+        )
     return DRAFTERS[mode](model, options)

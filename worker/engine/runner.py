@@ -59,6 +59,12 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.decoder.config.vocab_size
 
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a cached prefix's K/V can stand in for prefilling it: not for a hybrid model,
+        whose recurrent layers keep state that is not K/V (worker/models/hybrid/)."""
+        return isinstance(self.decoder, Decoder)
+
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         if num_prompt_tokens < 1:
             raise ContextLengthError("the prompt is empty: at least one token is needed")

@@ -14,6 +14,7 @@ from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
 from worker.models.fast_weights import LinearSource, build_fast_linears
+from worker.models.hybrid.config import is_hybrid
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.row_plan import RowPlan
 from worker.models.row_timing import plan_rows
@@ -25,7 +26,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 @dataclass(slots=True)
 class LoadedModel:
     name: str
-    decoder: Decoder
+    decoder: Decoder  # or a HybridDecoder: the same forward and cache contract (worker/models/hybrid/)
     checkpoint: Checkpoint  # tensors dropped after loading, except extras such as `mtp.*`
     extra_tensors: dict[str, torch.Tensor]  # checkpoint tensors the decoder does not own (e.g. an MTP head)
     formats: LinearFormats | None = None  # the linears' weight formats (None: built by hand)
@@ -77,6 +78,10 @@ def load_model(
     """
     dtype_name = _dtype_name(dtype)
     checkpoint = read_checkpoint(path, cache_dir, keep_quantized=True)
+    if is_hybrid(checkpoint.config):  # Qwen3.5 / Qwen3-Next: worker/models/hybrid/
+        from worker.models.hybrid.loader import load_hybrid_model
+
+        return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), dtype_name, device, quantize)
     config = ModelConfig.from_hf(checkpoint.config)
     formats = linear_formats(
         quantize, dtype_name, torch.device(device).type, checkpoint.quantization, _num_params(checkpoint)

@@ -1,0 +1,69 @@
+"""The gated delta rule's two forms: each matches transformers' torch reference, and they agree
+with each other (outputs, final state) from a non-zero initial state, across chunk boundaries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_next import modeling_qwen3_next as reference
+
+from worker.models.hybrid.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from worker.models.hybrid.gated_deltanet import l2_normalized
+
+HEADS, DK, DV = 3, 8, 5
+
+
+def _inputs(num_tokens: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(num_tokens)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=dtype)
+
+    return dict(
+        q=rand(HEADS, num_tokens, DK),
+        k=rand(HEADS, num_tokens, DK),
+        v=rand(HEADS, num_tokens, DV),
+        g=-torch.nn.functional.softplus(rand(HEADS, num_tokens)),  # log decays <= 0
+        beta=torch.sigmoid(rand(HEADS, num_tokens)),
+        state=rand(HEADS, DK, DV),
+    )
+
+
+def _ours(form, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k = l2_normalized(x["q"]) * DK**-0.5, l2_normalized(x["k"])
+    return form(q, k, x["v"], x["g"], x["beta"], x["state"])
+
+
+def _theirs(form, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = (x[name].transpose(0, 1)[None] for name in ("q", "k", "v"))  # [1, T, heads, d]
+    g, beta = x["g"].t()[None], x["beta"].t()[None]
+    out, state = form(
+        q, k, v, g, beta, initial_state=x["state"][None], output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    return out[0].transpose(0, 1), state[0]
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 64, 150])
+def test_chunked_form_matches_transformers(num_tokens):
+    x = _inputs(num_tokens, torch.float32)
+    out, state = _ours(chunked_delta_rule, x)
+    expected_out, expected_state = _theirs(reference.torch_chunk_gated_delta_rule, x)
+    assert torch.allclose(out, expected_out, atol=1e-5) and torch.allclose(state, expected_state, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7])
+def test_recurrent_form_matches_transformers_and_keeps_every_state(num_tokens):
+    x = _inputs(num_tokens, torch.float32)
+    out, states = _ours(recurrent_delta_rule, x)
+    expected_out, expected_state = _theirs(reference.torch_recurrent_gated_delta_rule, x)
+    assert states.shape == (num_tokens, HEADS, DK, DV)
+    assert torch.allclose(out, expected_out, atol=1e-5) and torch.allclose(states[-1], expected_state, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens", [3, 64, 131])
+def test_the_two_forms_agree_in_float64(num_tokens):
+    x = _inputs(num_tokens, torch.float64)
+    chunked_out, final = _ours(chunked_delta_rule, x)
+    recurrent_out, states = _ours(recurrent_delta_rule, x)
+    assert torch.allclose(chunked_out, recurrent_out, atol=1e-10)
+    assert torch.allclose(final, states[-1], atol=1e-10)

@@ -1,0 +1,78 @@
+"""Chain speculation over recurrent state is lossless: n-gram speculation gives plain decoding's
+greedy tokens exactly (float64, so a 4-row verification and a 1-row step cannot disagree on an
+argmax through rounding), with drafts accepted; modes that need trees or a drafter model are refused.
+
+Random hybrid models are too chaotic for prompt lookup: their greedy runs never revisit an n-gram.
+So the target here has tied embeddings and its mixers' and MLPs' output projections damped: the
+next token mostly follows the current one, runs fall into loops that lookup predicts, and the
+mixers still move the argmax often enough that drafts are also rejected part-way (keeping a
+wrong recurrent state on commit makes this test fail).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.sampling import SamplingParams
+from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model
+from worker.drafters.base import DrafterError
+from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.runner import ModelRunner
+from worker.engine.stats import SpecStats
+from worker.models.loader import LoadedModel, load_model
+
+GREEDY = SamplingParams(max_tokens=48, ignore_eos=True)
+PREFILL_CHUNK = 7
+DAMPING = 0.07  # on o_proj, out_proj, down_proj: loops with mixed acceptance for both families
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
+def model(request, tmp_path_factory) -> LoadedModel:
+    folder = make_tiny_hybrid_model(tmp_path_factory.mktemp(request.param), request.param, tie_word_embeddings=True)
+    model = load_model(folder, dtype="float64")
+    with torch.no_grad():
+        for name, parameter in model.decoder.named_parameters():
+            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                parameter.mul_(DAMPING)
+    return model
+
+
+def _repeating_prompts(vocab_size: int) -> list[list[int]]:
+    """Prompts that repeat themselves, so prompt lookup finds continuations the target agrees with."""
+    generator = torch.Generator().manual_seed(5)
+    prompts = []
+    for length, copies in ((2, 12), (3, 10), (4, 8), (5, 6), (7, 4), (3, 6)):
+        block = torch.randint(3, vocab_size, (length,), generator=generator).tolist()
+        prompts.append(block * copies)
+    return prompts
+
+
+def _run(runner: ModelRunner, prompt: list[int]) -> tuple[list[int], SpecStats]:
+    sequence = runner.start("spec", prompt, GREEDY)
+    while sequence.num_to_prefill:
+        runner.prefill(sequence, PREFILL_CHUNK)
+    while not sequence.finished:
+        runner.decode_step(sequence)
+    return sequence.output_ids, sequence.stats
+
+
+def test_ngram_speculation_gives_plain_greedy_tokens(model):
+    eos = model.checkpoint.eos_token_ids
+    plain = ModelRunner(model.decoder, eos)
+    ngram = ModelRunner(model.decoder, eos, load_drafter("ngram", model, DraftOptions()))
+    num_accepted = num_drafted = 0
+    for prompt in _repeating_prompts(model.config.vocab_size):
+        expected, _ = _run(plain, prompt)
+        speculated, stats = _run(ngram, prompt)
+        assert speculated == expected
+        num_accepted, num_drafted = num_accepted + stats.accepted_tokens, num_drafted + stats.draft_tokens
+    # drafts were accepted, and some rejected part-way: recurrent state was committed after inner rows
+    assert 0 < num_accepted < num_drafted
+
+
+@pytest.mark.parametrize("mode", ["tree", "dflash", "mtp"])
+def test_modes_beyond_chains_are_refused_in_one_line(model, mode):
+    with pytest.raises(DrafterError, match=f"speculation='{mode}' is not served for model_type") as error:
+        load_drafter(mode, model, DraftOptions())
+    assert "\n" not in str(error.value)

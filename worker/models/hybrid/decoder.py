@@ -1,0 +1,144 @@
+"""The hybrid decoder (Qwen3.5, Qwen3-Next): gated DeltaNet layers with a gated-attention layer
+every few, dense or sparse MLPs, zero-centred RMSNorms.
+
+Its forward has the plain decoder's signature and contract (worker/models/decoder.py), so the
+model runner serves it unchanged: T new tokens after the cache's committed ones, optional logits
+for the last n, hidden states of requested layers; nothing is committed until the caller commits.
+Two differences: a tree mask is refused (recurrent state commits chains only: hybrid_cache.py),
+and the recurrent layers choose their form by what the caller may commit: a short forward with
+logits (decode, verification) runs the per-token recurrence and keeps the state after each token;
+anything else (a prefill chunk, a long scoring forward: committed whole) runs the chunked form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from worker.models.decoder import ForwardOutput
+from worker.models.hybrid.config import LINEAR_ATTENTION, HybridConfig
+from worker.models.hybrid.gated_attention import GatedAttention, partial_rotary
+from worker.models.hybrid.gated_deltanet import GatedDeltaNet
+from worker.models.hybrid.hybrid_cache import HybridCache, TreeOverRecurrentState
+from worker.models.hybrid.moe import SparseMoe, SwiGLU
+from worker.models.hybrid.norms import ZeroCentredRMSNorm
+from worker.models.linear import Linear
+from worker.models.rope import RotaryEmbedding
+
+# The most new tokens a forward may commit in part (a verification: root + draft nodes). Keeping
+# every position's delta-rule state costs heads * dk * dv per token and layer, so longer
+# forwards keep only their last.
+MAX_VERIFY_TOKENS = 64
+
+
+class HybridLayer(nn.Module):
+    def __init__(self, config: HybridConfig, index: int):
+        super().__init__()
+        self.is_linear = config.layer_types[index] == LINEAR_ATTENTION
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = GatedAttention(config)
+        sparse = config.moe if config.is_sparse_layer(index) else None
+        self.mlp: nn.Module = (
+            SparseMoe(config.hidden_size, sparse) if sparse else SwiGLU(config.hidden_size, config.intermediate_size)
+        )
+        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: HybridCache,
+        slot: int,  # this layer's index among the cache's attention (K/V) or linear (recurrent) layers
+        mask: torch.Tensor | None,
+        every_position: bool,
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.is_linear:
+            h = self.linear_attn(h, cache.recurrent, slot, every_position)
+        else:
+            h = self.self_attn(h, cos, sin, cache.keys[slot], cache.values[slot], cache.length, mask)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HybridBody(nn.Module):
+    """The `model.*` part of a checkpoint: embeddings, layers, final norm."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(HybridLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class HybridDecoder(nn.Module):
+    selector = None  # one weight format (the exact path): nothing chooses formats per forward
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        self.config = config
+        self.model = HybridBody(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # layer index -> its slot among the attention layers (K/V) or the linear ones (recurrent state)
+        self.slots = {
+            i: slot for kind in (config.attention_layers, config.linear_layers) for slot, i in enumerate(kind)
+        }
+        self.rotary: RotaryEmbedding | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def new_cache(self, max_tokens: int) -> HybridCache:
+        return HybridCache(self.config, max_tokens, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        cache: HybridCache,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+        num_logits: int | None = None,  # logits for the last n tokens only (None: all, 0: none)
+        want_final_hidden: bool = False,
+    ) -> ForwardOutput:
+        if tree_mask is not None:
+            raise TreeOverRecurrentState("tree verification over recurrent state is not served yet: use a chain")
+        if self.rotary is None or self.rotary.dtype != self.dtype:
+            self.rotary = partial_rotary(self.config, self.dtype, self.device)
+        start, num_tokens = cache.length, token_ids.shape[0]
+        assert start + num_tokens <= cache.max_tokens, "cache overflow: caller must check context length"
+        cos, sin = self.rotary(positions)
+        mask = None if num_tokens == 1 else _causal_mask(start, num_tokens, self.device)
+        every_position = num_logits != 0 and num_tokens <= MAX_VERIFY_TOKENS  # may be committed in part
+        wanted, hidden = set(hidden_layers), {}
+        x = self.model.embed_tokens(token_ids)  # [T, hidden]
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache, self.slots[index], mask, every_position)
+            if index in wanted:
+                hidden[index] = x
+        x = self.model.norm(x)
+        tail = x if num_logits is None else x[x.shape[0] - num_logits :]
+        return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
+
+
+def _causal_mask(start: int, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """[T, start + T] bool: the committed prefix, then causal among the new tokens."""
+    new = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
+    return torch.cat((torch.ones(num_tokens, start, dtype=torch.bool, device=device), new), dim=1)

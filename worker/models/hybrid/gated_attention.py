@@ -1,0 +1,87 @@
+"""The hybrid models' full-attention layer: Qwen3-style attention with three differences.
+
+- an output gate: q_proj yields, per head, the query and a gate; the attention output is
+  multiplied by sigmoid(gate) before o_proj;
+- partial RoPE: only the first head_dim * partial_rotary_factor dims of q and k are rotated;
+- zero-centred q/k norms (norms.py).
+
+K/V live in the sequence's cache exactly as in the plain decoder (slots after the committed length).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worker.models.config import ModelConfig
+from worker.models.decoder import grouped_attention
+from worker.models.hybrid.config import HybridConfig
+from worker.models.hybrid.norms import ZeroCentredRMSNorm
+from worker.models.linear import Linear
+from worker.models.rope import RotaryEmbedding, apply_rotary
+
+
+def partial_rotary(config: HybridConfig, dtype: torch.dtype, device: torch.device | str) -> RotaryEmbedding:
+    """cos/sin tables over the rotated dims only: rope.py's tables for a head of `rotary_dim`."""
+    view = ModelConfig(
+        model_type=config.model_type,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.rotary_dim,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        rope_scaling=config.rope_scaling,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        attention_bias=config.attention_bias,
+        mlp_bias=False,
+        qk_norm=True,
+    )
+    return RotaryEmbedding(view, dtype, device)
+
+
+def rotate_leading(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [heads, T, head_dim] with its first cos.shape[-1] dims rotated, the rest passed through."""
+    rotary_dim = cos.shape[-1]
+    return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = Linear(config.hidden_size, 2 * self.num_heads * head_dim, bias=bias)  # query and gate
+        self.k_proj = Linear(config.hidden_size, self.num_kv_heads * head_dim, bias=bias)
+        self.v_proj = Linear(config.hidden_size, self.num_kv_heads * head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * head_dim, config.hidden_size, bias=bias)
+        self.q_norm = ZeroCentredRMSNorm(head_dim, config.rms_norm_eps)
+        self.k_norm = ZeroCentredRMSNorm(head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, rotary_dim]
+        sin: torch.Tensor,
+        layer_keys: torch.Tensor,  # [kv_heads, max_tokens, head_dim]: this layer's cache
+        layer_values: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,  # [T, start + T] bool, or None for one new token
+    ) -> torch.Tensor:
+        num_tokens, head_dim = x.shape[0], self.head_dim
+        q, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * head_dim).split(head_dim, dim=-1)
+        q = self.q_norm(q).transpose(0, 1)  # [heads, T, d]
+        k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, head_dim).transpose(0, 1)
+        end = start + num_tokens
+        layer_keys[:, start:end] = rotate_leading(k, cos, sin)
+        layer_values[:, start:end] = v
+        out = grouped_attention(rotate_leading(q, cos, sin), layer_keys[:, :end], layer_values[:, :end], mask)
+        out = out.transpose(0, 1).reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
+        return self.o_proj(out)

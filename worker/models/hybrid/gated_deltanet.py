@@ -1,0 +1,106 @@
+"""The gated DeltaNet layer: input projections, a causal short convolution, the gated delta rule.
+
+    x -> q, k, v (one projection, then a depthwise causal conv of width `kernel` and silu),
+         z (output gate), b -> beta = sigmoid(b), a -> g = -exp(A_log) * softplus(a + dt_bias)
+      -> delta rule over (l2norm(q) / sqrt(dk), l2norm(k), v, g, beta)
+      -> GatedRMSNorm(out, z) per value head -> out_proj
+
+Qwen3-Next and Qwen3.5 differ only in how the checkpoint lays out the projections:
+- "grouped" (Qwen3-Next): `in_proj_qkvz` and `in_proj_ba`, whose rows are grouped per key head
+  (each group: q, k, then the v and z of the value heads that key head serves);
+- "split" (Qwen3.5): `in_proj_qkv` (q | k | v), `in_proj_z`, `in_proj_b`, `in_proj_a`.
+
+The conv and delta-rule states come from the sequence's RecurrentState and are staged back to it
+(recurrent_state.py): a forward with logits runs the per-token recurrence and stages the state
+after every token, so a verification can keep any prefix; a prefill chunk runs the chunked form.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.models.hybrid.config import HybridConfig
+from worker.models.hybrid.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from worker.models.hybrid.norms import GatedRMSNorm
+from worker.models.hybrid.recurrent_state import RecurrentState, StagedStep
+from worker.models.linear import Linear
+
+L2NORM_EPS = 1e-6
+
+
+def l2_normalized(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        self.num_k_heads, self.num_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
+        self.k_head_dim, self.v_head_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.k_head_dim
+        self.value_dim = self.num_v_heads * self.v_head_dim
+        self.conv_dim = config.conv_dim
+        self.layout = config.projection_layout
+        hidden = config.hidden_size
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, config.linear_conv_kernel_dim, groups=self.conv_dim, bias=False
+        )
+        if self.layout == "grouped":
+            self.in_proj_qkvz = Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = Linear(hidden, 2 * self.num_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = Linear(hidden, self.conv_dim, bias=False)
+            self.in_proj_z = Linear(hidden, self.value_dim, bias=False)
+            self.in_proj_b = Linear(hidden, self.num_v_heads, bias=False)
+            self.in_proj_a = Linear(hidden, self.num_v_heads, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.v_head_dim, config.rms_norm_eps)
+        self.out_proj = Linear(self.value_dim, hidden, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """conv inputs [T, conv_dim] (q | k | v), z [T, v_heads, dv], b and a [T, v_heads]."""
+        num_tokens = x.shape[0]
+        if self.layout == "split":
+            z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.v_head_dim)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        per_key = self.num_v_heads // self.num_k_heads  # value heads per key head
+        qkvz = self.in_proj_qkvz(x).view(num_tokens, self.num_k_heads, -1)
+        sizes = [self.k_head_dim, self.k_head_dim, per_key * self.v_head_dim, per_key * self.v_head_dim]
+        q, k, v, z = qkvz.split(sizes, dim=-1)
+        b, a = self.in_proj_ba(x).view(num_tokens, self.num_k_heads, 2 * per_key).split(per_key, dim=-1)
+        mixed = torch.cat([t.reshape(num_tokens, -1) for t in (q, k, v)], dim=-1)
+        z = z.reshape(num_tokens, self.num_v_heads, self.v_head_dim)
+        return mixed, z, b.reshape(num_tokens, -1), a.reshape(num_tokens, -1)
+
+    def forward(self, x: torch.Tensor, recurrent: RecurrentState, layer: int, every_position: bool) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; `layer` indexes this layer's slot in `recurrent`."""
+        num_tokens = x.shape[0]
+        mixed, z, b, a = self.project(x)
+        window = torch.cat((recurrent.conv_tails[layer], mixed.t()), dim=-1)  # [conv_dim, kernel - 1 + T]
+        conv = F.silu(F.conv1d(window[None], self.conv1d.weight, groups=self.conv_dim)[0]).t()  # [T, conv_dim]
+        q, k, v = self._heads(conv, x.dtype)
+        compute = q.dtype
+        beta = torch.sigmoid(b).to(compute).t()  # [heads, T]
+        g = (-self.A_log.to(compute).exp() * F.softplus(a.to(compute) + self.dt_bias.to(compute))).t()
+        state = recurrent.delta_states[layer]
+        if every_position:
+            out, states = recurrent_delta_rule(q, k, v, g, beta, state)
+        else:
+            out, final = chunked_delta_rule(q, k, v, g, beta, state)
+            states = final[None]
+        recurrent.stage(layer, StagedStep(window, states, every_position))
+        out = self.norm(out.transpose(0, 1).to(x.dtype), z)  # [T, v_heads, dv]
+        return self.out_proj(out.reshape(num_tokens, self.value_dim))
+
+    def _heads(self, conv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k [v_heads, T, dk] (normalised; q scaled) and v [v_heads, T, dv], in the rule's dtype."""
+        compute = torch.promote_types(dtype, torch.float32)
+        num_tokens, per_key = conv.shape[0], self.num_v_heads // self.num_k_heads
+        q, k, v = conv.to(compute).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = (t.view(num_tokens, self.num_k_heads, self.k_head_dim).repeat_interleave(per_key, dim=1) for t in (q, k))
+        q = l2_normalized(q) * self.k_head_dim**-0.5
+        v = v.view(num_tokens, self.num_v_heads, self.v_head_dim)
+        return q.transpose(0, 1), l2_normalized(k).transpose(0, 1), v.transpose(0, 1)

@@ -1,0 +1,69 @@
+"""A hybrid model's per-sequence cache: K/V for its attention layers, recurrent state for the rest.
+
+It keeps the KV cache's contract (worker/models/kv_cache.py), so the model runner drives it
+unchanged: a forward writes after the committed `length`, and `commit(num_new, accepted)` keeps
+the accepted new tokens. Recurrent state cannot be rearranged the way K/V slots can: it is the
+state after one particular token. So the accepted rows must be a prefix of the new tokens (a
+chain: prefill chunks, plain decoding, chain speculation), and the state after the last of them
+is kept. A tree (each node's state from its parent's) is not served yet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.models.hybrid.config import HybridConfig
+from worker.models.hybrid.recurrent_state import RecurrentState
+
+
+class TreeOverRecurrentState(ValueError):
+    """A tree verification was asked of a model whose recurrent layers commit chains only."""
+
+
+class HybridCache:
+    def __init__(self, config: HybridConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        shape = (len(config.attention_layers), config.num_key_value_heads, max_tokens, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [attention layers, kv_heads, max_tokens, d]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        state_shape = (config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
+        self.recurrent = RecurrentState(
+            len(config.linear_layers),
+            config.conv_dim,
+            config.linear_conv_kernel_dim,
+            state_shape,
+            dtype,
+            torch.promote_types(dtype, torch.float32),  # the delta rule runs in at least float32
+            device,
+        )
+        self.max_tokens = max_tokens
+        self.length = 0  # committed tokens
+
+    @property
+    def num_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size() + self.recurrent.num_bytes
+
+    def bytes_per_token(self) -> int:
+        """K/V bytes a token adds (the recurrent state is a fixed cost, whatever the length)."""
+        return 2 * self.keys[:, :, 0].numel() * self.keys.element_size()
+
+    def commit(self, num_new: int, accepted: list[int] | None = None) -> None:
+        """Keep new tokens `accepted` (all if None), which must be 0, 1, ..., n-1.
+
+        Example: root + 3 chain drafts were verified; rows [0, 1, 2] are accepted: their K/V are
+        already in slots L..L+2, and each recurrent layer keeps its state after row 2.
+        """
+        if accepted is None:
+            accepted = list(range(num_new))
+        if accepted != list(range(len(accepted))) or len(accepted) > num_new:
+            raise TreeOverRecurrentState(
+                f"accepted rows {accepted} of {num_new} are not a prefix: recurrent layers commit chains only"
+            )
+        self.recurrent.commit(num_new, len(accepted))
+        self.length += len(accepted)
+
+    def truncate(self, length: int) -> None:
+        """Recurrent state cannot be rewound: only a no-op truncation is possible."""
+        assert length == self.length, "a hybrid cache cannot be truncated: its recurrent state summarises every token"
+
+    def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        raise NotImplementedError("prefix reuse for hybrid models needs the recurrent state too (phase 2)")
