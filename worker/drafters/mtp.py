@@ -16,6 +16,7 @@ and drafting further reuses the same layer with g in place of h (vLLM feeds back
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.engine.sequence import Sequence
 from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, RMSNorm
+from worker.models.hybrid.config import is_hybrid
 from worker.models.kv_cache import KVCache
 from worker.models.rope import RotaryEmbedding
 from worker.speculation.tree import DraftTree
@@ -236,6 +238,8 @@ def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
     folder = Path(model)
     if not folder.is_dir():
         return False  # GGUF files carry no MTP head
+    if _is_hybrid_folder(folder):
+        return False  # a hybrid model's mtp.* head is a hybrid layer: not served yet (worker/models/hybrid/)
     from safetensors import safe_open
 
     for path in folder.glob("*.safetensors"):
@@ -243,6 +247,11 @@ def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
             if any(name.startswith(MTP_PREFIX) for name in handle.keys()):  # noqa: SIM118 (not iterable)
                 return True
     return False
+
+
+def _is_hybrid_folder(folder: Path) -> bool:
+    config = folder / "config.json"
+    return config.exists() and is_hybrid(json.loads(config.read_text()))
 
 
 def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpoint:

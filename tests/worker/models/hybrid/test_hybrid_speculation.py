@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from shared.sampling import SamplingParams
+from shared.settings import WorkerSettings
 from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model
+from worker.cli import resolve_default_speculation
 from worker.drafters.base import DrafterError
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
@@ -76,3 +79,12 @@ def test_modes_beyond_chains_are_refused_in_one_line(model, mode):
     with pytest.raises(DrafterError, match=f"speculation='{mode}' is not served for model_type") as error:
         load_drafter(mode, model, DraftOptions())
     assert "\n" not in str(error.value)
+
+
+def test_an_unset_mode_falls_back_to_ngram_even_with_an_mtp_head(tmp_path, monkeypatch):
+    """Qwen3-Next checkpoints ship `mtp.*` tensors; the mtp drafter cannot serve that head yet."""
+    monkeypatch.delenv("SPECULATION", raising=False)
+    folder = make_tiny_hybrid_model(tmp_path / "with-mtp", "qwen3_next")
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({**tensors, "mtp.fc.weight": torch.zeros(4, 8)}, str(folder / "model.safetensors"))
+    assert resolve_default_speculation(WorkerSettings(model=str(folder))).speculation == "ngram"
