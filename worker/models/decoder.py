@@ -72,14 +72,14 @@ class Attention(nn.Module):
         num_tokens, head_dim = x.shape[0], self.head_dim
         if self.qkv_proj is not None and self.q_norm is None:
             # fused: q and k are adjacent columns of one product, so one rotary call does both
-            qkv = self.qkv_proj(x)  # [T, (heads + 2 kv_heads) * d]
+            qkv = self.qkv_proj.forward(x)  # [T, (heads + 2 kv_heads) * d]
             num_qk = self.num_heads + self.num_kv_heads
             qk = qkv[:, : num_qk * head_dim].view(num_tokens, num_qk, head_dim).transpose(0, 1)
             qk = apply_rotary(qk, cos, sin)  # [heads + kv_heads, T, d]
             v = qkv[:, num_qk * head_dim :].view(num_tokens, self.num_kv_heads, head_dim)
             return qk[: self.num_heads], qk[self.num_heads :], v
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # views of one [T, q + 2 kv] product
+            q, k, v = self.qkv_proj.forward(x).split(self.qkv_sizes, dim=-1)  # views of one [T, q + 2 kv] product
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         shape = (num_tokens, -1, head_dim)
@@ -104,7 +104,7 @@ class Attention(nn.Module):
         layer_keys[:, start:end] = k
         layer_values[:, start:end] = v.transpose(0, 1)
         out = grouped_attention(q, layer_keys[:, :end], layer_values[:, :end], mask)  # [heads, T, head_dim]
-        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
+        return self.o_proj.forward(out.transpose(0, 1).reshape(num_tokens, -1))
 
 
 def grouped_attention(
@@ -142,10 +142,13 @@ class MLP(nn.Module):
         self.gate_up_proj: nn.Module | None = None  # gate and up stacked by rows, when fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # .forward: these are plain layers without hooks; a __call__ each is ~2 us at one row
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inner] each
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            # silu and the product in the activation dtype: kept in bfloat16 between the kernels
+            # they saved ~0.7 ms a step but cost greedy agreement (11/20 prompts, 0.71, vs 13/20, 0.85)
+            gate, up = self.gate_up_proj.forward(x).chunk(2, dim=-1)  # [T, inner] each
+            return self.down_proj.forward(F.silu(gate) * up)
+        return self.down_proj.forward(F.silu(self.gate_proj.forward(x)) * self.up_proj.forward(x))
 
 
 class DecoderLayer(nn.Module):

@@ -34,7 +34,9 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:  # a drafter's single hidden state [in]
             return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
-        out = self.kernel.matmul(x.to(KERNEL_DTYPE)).to(x.dtype)  # [T, out]
+        rows = x if x.dtype == KERNEL_DTYPE else x.to(KERNEL_DTYPE)
+        out = self.kernel.matmul(rows)  # [T, out] bfloat16
+        out = out if out.dtype == x.dtype else out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
