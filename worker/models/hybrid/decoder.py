@@ -4,10 +4,10 @@ every few, dense or sparse MLPs, zero-centred RMSNorms.
 Its forward has the plain decoder's signature and contract (worker/models/decoder.py), so the
 model runner serves it unchanged: T new tokens after the cache's committed ones, optional logits
 for the last n, hidden states of requested layers; nothing is committed until the caller commits.
-Two differences: a tree mask is refused (recurrent state commits chains only: hybrid_cache.py),
-and the recurrent layers choose their form by what the caller may commit: a short forward with
-logits (decode, verification) runs the per-token recurrence and keeps the state after each token;
-anything else (a prefill chunk, a long scoring forward: committed whole) runs the chunked form.
+The recurrent layers choose their form by what the caller may commit: a tree, or a short forward
+with logits (decode, verification), runs the per-token recurrence and keeps the state after each
+token (in a tree each node continues its parent's state); anything else (a prefill chunk, a long
+scoring forward: committed whole) runs the chunked form.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from worker.models.decoder import ForwardOutput
 from worker.models.hybrid.config import LINEAR_ATTENTION, HybridConfig
 from worker.models.hybrid.gated_attention import GatedAttention, partial_rotary
 from worker.models.hybrid.gated_deltanet import GatedDeltaNet
-from worker.models.hybrid.hybrid_cache import HybridCache, TreeOverRecurrentState
+from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.hybrid.moe import SparseMoe, SwiGLU
 from worker.models.hybrid.norms import ZeroCentredRMSNorm
 from worker.models.linear import Linear
@@ -57,10 +57,11 @@ class HybridLayer(nn.Module):
         slot: int,  # this layer's index among the cache's attention (K/V) or linear (recurrent) layers
         mask: torch.Tensor | None,
         every_position: bool,
+        parents: list[int] | None,  # a tree's: row i continues row parents[i]; None: a chain
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.is_linear:
-            h = self.linear_attn(h, cache.recurrent, slot, every_position)
+            h = self.linear_attn(h, cache.recurrent, slot, every_position, parents)
         else:
             h = self.self_attn(h, cos, sin, cache.keys[slot], cache.values[slot], cache.length, mask)
         x = x + h
@@ -118,19 +119,22 @@ class HybridDecoder(nn.Module):
         num_logits: int | None = None,  # logits for the last n tokens only (None: all, 0: none)
         want_final_hidden: bool = False,
     ) -> ForwardOutput:
-        if tree_mask is not None:
-            raise TreeOverRecurrentState("tree verification over recurrent state is not served yet: use a chain")
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = partial_rotary(self.config, self.dtype, self.device)
         start, num_tokens = cache.length, token_ids.shape[0]
         assert start + num_tokens <= cache.max_tokens, "cache overflow: caller must check context length"
         cos, sin = self.rotary(positions)
-        mask = None if num_tokens == 1 else _causal_mask(start, num_tokens, self.device)
+        mask = (
+            None
+            if num_tokens == 1 and tree_mask is None
+            else _attention_mask(start, tree_mask, num_tokens, self.device)
+        )
+        parents = None if tree_mask is None else tree_parents(tree_mask)
         every_position = num_logits != 0 and num_tokens <= MAX_VERIFY_TOKENS  # may be committed in part
         wanted, hidden = set(hidden_layers), {}
         x = self.model.embed_tokens(token_ids)  # [T, hidden]
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, self.slots[index], mask, every_position)
+            x = layer(x, cos, sin, cache, self.slots[index], mask, every_position, parents)
             if index in wanted:
                 hidden[index] = x
         x = self.model.norm(x)
@@ -138,7 +142,19 @@ class HybridDecoder(nn.Module):
         return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
 
 
-def _causal_mask(start: int, num_tokens: int, device: torch.device) -> torch.Tensor:
-    """[T, start + T] bool: the committed prefix, then causal among the new tokens."""
-    new = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
-    return torch.cat((torch.ones(num_tokens, start, dtype=torch.bool, device=device), new), dim=1)
+def _attention_mask(start: int, tree_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """[T, start + T] bool: the committed prefix, then `tree_mask` (causal by default) among the new tokens."""
+    if tree_mask is None:
+        tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
+    return torch.cat((torch.ones(num_tokens, start, dtype=torch.bool, device=device), tree_mask), dim=1)
+
+
+def tree_parents(tree_mask: torch.Tensor) -> list[int]:
+    """Row i's parent: its nearest ancestor (-1 for none), the last earlier column its row sees.
+
+    Draft trees list parents before children (speculation/tree.py), so a row's ancestors are
+    earlier rows and the nearest one has the largest index. Example: root, two children, a
+    grandchild under the second: rows [[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,0,1,1]] -> [-1, 0, 0, 2].
+    """
+    rows = tree_mask.tolist()
+    return [max((j for j in range(i) if row[j]), default=-1) for i, row in enumerate(rows)]

@@ -7,7 +7,7 @@ Per token t, with the state S [dk, dv], a decay g_t <= 0 (log space) and a write
     o_t  = q_t S                               read
 
 `recurrent_delta_rule` runs exactly that, keeping the state after every token (what speculative
-verification needs: the state after the last accepted position). `chunked_delta_rule` computes
+verification needs: the state after the last accepted position), along a chain or a tree. `chunked_delta_rule` computes
 the same outputs and final state a chunk of tokens at a time (the UT transform of the DeltaNet
 paper: the chunk's sequential writes condensed into one triangular solve), for prefill.
 The formulation follows transformers' torch reference (its chunk size, its unit-triangular solve),
@@ -26,12 +26,25 @@ CHUNK_SIZE = 64
 
 
 def recurrent_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial: torch.Tensor,
+    parents: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outputs [heads, T, dv] and the state after each token [T, heads, dk, dv], from `state` [heads, dk, dv]."""
+    """Outputs [heads, T, dv] and the state after each token [T, heads, dk, dv], from `initial` [heads, dk, dv].
+
+    `parents[t]` is the earlier token whose state token t continues (-1: `initial`); None is a
+    chain (t - 1). A tree's nodes each continue their parent's state, siblings the same one.
+    """
     num_tokens = q.shape[1]
-    outputs, states = [], []
+    outputs: list[torch.Tensor] = []
+    states: list[torch.Tensor] = []
     for t in range(num_tokens):
+        parent = t - 1 if parents is None else parents[t]
+        state = initial if parent < 0 else states[parent]
         state = state * g[:, t].exp()[:, None, None]
         predicted = torch.einsum("hk,hkv->hv", k[:, t], state)  # what the state already says for k_t
         delta = (v[:, t] - predicted) * beta[:, t, None]  # [heads, dv]

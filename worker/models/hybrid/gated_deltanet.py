@@ -11,8 +11,9 @@ Qwen3-Next and Qwen3.5 differ only in how the checkpoint lays out the projection
 - "split" (Qwen3.5): `in_proj_qkv` (q | k | v), `in_proj_z`, `in_proj_b`, `in_proj_a`.
 
 The conv and delta-rule states come from the sequence's RecurrentState and are staged back to it
-(recurrent_state.py): a forward with logits runs the per-token recurrence and stages the state
-after every token, so a verification can keep any prefix; a prefill chunk runs the chunked form.
+(recurrent_state.py): a verification runs the per-token recurrence and stages the state after
+every token (along a chain, or in a tree each node from its parent's), so a commit can keep any
+accepted path; a prefill chunk runs the chunked form.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from worker.models.hybrid.norms import GatedRMSNorm
-from worker.models.hybrid.recurrent_state import RecurrentState, StagedStep
+from worker.models.hybrid.recurrent_state import RecurrentState, StagedStep, conv_columns
 from worker.models.linear import Linear
 
 L2NORM_EPS = 1e-6
@@ -75,25 +76,38 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(num_tokens, self.num_v_heads, self.v_head_dim)
         return mixed, z, b.reshape(num_tokens, -1), a.reshape(num_tokens, -1)
 
-    def forward(self, x: torch.Tensor, recurrent: RecurrentState, layer: int, every_position: bool) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]; `layer` indexes this layer's slot in `recurrent`."""
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        recurrent: RecurrentState,
+        layer: int,  # this layer's slot in `recurrent`
+        every_position: bool,  # keep the state after every token (a forward that may be committed in part)
+        parents: list[int] | None = None,  # a tree's (recurrent_state.py); None: a chain
+    ) -> torch.Tensor:
         num_tokens = x.shape[0]
         mixed, z, b, a = self.project(x)
         window = torch.cat((recurrent.conv_tails[layer], mixed.t()), dim=-1)  # [conv_dim, kernel - 1 + T]
-        conv = F.silu(F.conv1d(window[None], self.conv1d.weight, groups=self.conv_dim)[0]).t()  # [T, conv_dim]
-        q, k, v = self._heads(conv, x.dtype)
+        q, k, v = self._heads(F.silu(self._conv(window, parents)).t(), x.dtype)
         compute = q.dtype
         beta = torch.sigmoid(b).to(compute).t()  # [heads, T]
         g = (-self.A_log.to(compute).exp() * F.softplus(a.to(compute) + self.dt_bias.to(compute))).t()
         state = recurrent.delta_states[layer]
-        if every_position:
-            out, states = recurrent_delta_rule(q, k, v, g, beta, state)
+        if every_position or parents is not None:
+            out, states = recurrent_delta_rule(q, k, v, g, beta, state, parents)
         else:
             out, final = chunked_delta_rule(q, k, v, g, beta, state)
             states = final[None]
-        recurrent.stage(layer, StagedStep(window, states, every_position))
+        recurrent.stage(layer, StagedStep(window, states, every_position or parents is not None, parents))
         out = self.norm(out.transpose(0, 1).to(x.dtype), z)  # [T, v_heads, dv]
         return self.out_proj(out.reshape(num_tokens, self.value_dim))
+
+    def _conv(self, window: torch.Tensor, parents: list[int] | None) -> torch.Tensor:
+        """The depthwise causal conv [conv_dim, T] over `window`; in a tree each token reads its own path."""
+        weight = self.conv1d.weight  # [conv_dim, 1, kernel]
+        if parents is None:
+            return F.conv1d(window[None], weight, groups=self.conv_dim)[0]
+        columns = torch.tensor(conv_columns(parents, weight.shape[-1]), device=window.device)  # [T, kernel]
+        return (window[:, columns] * weight).sum(dim=-1)  # [conv_dim, T, kernel] -> [conv_dim, T]
 
     def _heads(self, conv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k [v_heads, T, dk] (normalised; q scaled) and v [v_heads, T, dv], in the rule's dtype."""

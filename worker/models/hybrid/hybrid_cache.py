@@ -3,9 +3,9 @@
 It keeps the KV cache's contract (worker/models/kv_cache.py), so the model runner drives it
 unchanged: a forward writes after the committed `length`, and `commit(num_new, accepted)` keeps
 the accepted new tokens. Recurrent state cannot be rearranged the way K/V slots can: it is the
-state after one particular token. So the accepted rows must be a prefix of the new tokens (a
-chain: prefill chunks, plain decoding, chain speculation), and the state after the last of them
-is kept. A tree (each node's state from its parent's) is not served yet.
+state after one particular token. So the accepted rows must be a root-to-node path of the
+forward (a prefix for a chain: prefill chunks, plain decoding, chain speculation; in a tree,
+where each node's state continued its parent's, any path), and the state after its last row is kept.
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ import torch
 
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.recurrent_state import RecurrentState
-
-
-class TreeOverRecurrentState(ValueError):
-    """A tree verification was asked of a model whose recurrent layers commit chains only."""
 
 
 class HybridCache:
@@ -47,19 +43,21 @@ class HybridCache:
         return 2 * self.keys[:, :, 0].numel() * self.keys.element_size()
 
     def commit(self, num_new: int, accepted: list[int] | None = None) -> None:
-        """Keep new tokens `accepted` (all if None), which must be 0, 1, ..., n-1.
+        """Keep new rows `accepted` (all if None), a root-to-node path of the last forward.
 
-        Example: root + 3 chain drafts were verified; rows [0, 1, 2] are accepted: their K/V are
-        already in slots L..L+2, and each recurrent layer keeps its state after row 2.
+        Example: a tree of root + 5 nodes was verified; the accepted path is rows [0, 2, 3]. Their
+        K/V move to slots L, L+1, L+2 (as in KVCache), and each recurrent layer keeps its state
+        after row 3. A chain's path is a prefix, [0, 1, 2]: its K/V are already in place.
         """
         if accepted is None:
             accepted = list(range(num_new))
-        if accepted != list(range(len(accepted))) or len(accepted) > num_new:
-            raise TreeOverRecurrentState(
-                f"accepted rows {accepted} of {num_new} are not a prefix: recurrent layers commit chains only"
-            )
-        self.recurrent.commit(num_new, len(accepted))
-        self.length += len(accepted)
+        self.recurrent.commit(num_new, accepted)  # raises NotAPath for anything but a path
+        start = self.length
+        if accepted != list(range(len(accepted))):
+            source = torch.tensor(accepted, device=self.keys.device) + start
+            self.keys[:, :, start : start + len(accepted)] = self.keys[:, :, source]
+            self.values[:, :, start : start + len(accepted)] = self.values[:, :, source]
+        self.length = start + len(accepted)
 
     def truncate(self, length: int) -> None:
         """Recurrent state cannot be rewound: only a no-op truncation is possible."""

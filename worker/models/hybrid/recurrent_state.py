@@ -6,9 +6,12 @@ Per linear-attention layer, two tensors summarise every committed token:
 
 A forward never overwrites them: each layer *stages* what it computed (the conv window, old tail
 then the new tokens' inputs, and the delta-rule state after each new token, or only after the
-last for a prefill chunk); `commit(num_new, num_kept)` then installs the state after the first
-`num_kept` new tokens. Example: a chain verification over root + 3 drafts stages 4 states; two
-drafts are accepted, so rows [0, 1, 2] are kept and the state after row 2 becomes the committed one.
+last for a prefill chunk); `commit(num_new, accepted)` then installs the state after the last
+accepted row. Example: a chain verification over root + 3 drafts stages 4 states; two drafts
+are accepted, rows [0, 1, 2] are kept, and the state after row 2 becomes the committed one.
+In a tree the accepted rows are a root-to-node path, e.g. [0, 2, 5]: the state after row 5 (which
+continued row 2's, which continued the root's), and as conv tail the inputs of the path's last
+kernel - 1 tokens.
 """
 
 from __future__ import annotations
@@ -18,11 +21,48 @@ from dataclasses import dataclass
 import torch
 
 
+def conv_columns(parents: list[int], kernel: int) -> list[list[int]]:
+    """Per new token, the `kernel` window columns its convolution reads, oldest first.
+
+    Columns [0, kernel - 1) of a window hold the committed tail, column kernel - 1 + t new token t.
+    A token reads itself, then its ancestors, then the tail. Example, kernel 3, parents
+    [-1, 0, 0] (a root with two children): [[0, 1, 2], [1, 2, 3], [1, 2, 4]].
+    """
+    columns = []
+    for t in range(len(parents)):
+        window, node, tail = [kernel - 1 + t], parents[t], kernel - 2
+        while len(window) < kernel:
+            if node >= 0:
+                window.append(kernel - 1 + node)
+                node = parents[node]
+            else:
+                window.append(tail)
+                tail -= 1
+        columns.append(window[::-1])
+    return columns
+
+
+def chain_parents(num_tokens: int) -> list[int]:
+    return list(range(-1, num_tokens - 1))
+
+
 @dataclass(slots=True)
 class StagedStep:
     conv_window: torch.Tensor  # [conv_dim, kernel - 1 + T]: committed tail, then the new tokens' inputs
     states: torch.Tensor  # [T, heads, dk, dv] after each new token, or [1, ...] after the last only
     every_position: bool  # False: only the last state was kept (a prefill chunk, committed whole)
+    parents: list[int] | None = None  # a tree's: row i continues row parents[i] (-1: the committed state)
+
+    def tail_after(self, row: int, width: int) -> torch.Tensor:
+        """The conv tail [conv_dim, width] once rows up to `row` (along its path) are committed."""
+        if self.parents is None:
+            return self.conv_window[:, row + 1 : row + 1 + width]
+        columns = conv_columns(self.parents, width + 1)[row][1:]
+        return self.conv_window[:, columns]
+
+
+class NotAPath(ValueError):
+    """Rows to commit that are not a root-to-node path of the forward that staged them."""
 
 
 class RecurrentState:
@@ -47,21 +87,30 @@ class RecurrentState:
     def stage(self, layer: int, step: StagedStep) -> None:
         self.staged[layer] = step
 
-    def commit(self, num_new: int, num_kept: int) -> None:
-        """Install, in every layer, the state after the first `num_kept` of `num_new` staged tokens."""
-        assert 0 <= num_kept <= num_new, (num_kept, num_new)
+    def commit(self, num_new: int, accepted: list[int]) -> None:
+        """Install, in every layer, the state after the last of the `accepted` rows of `num_new` staged."""
         width = self.conv_tails.shape[-1]
         for layer, step in enumerate(self.staged):
             if step is None:
                 continue
             assert step.conv_window.shape[-1] == width + num_new, "commit does not match the last forward"
-            if num_kept > 0:
-                assert step.every_position or num_kept == num_new, "a prefill chunk is committed whole"
-                self.delta_states[layer] = step.states[num_kept - 1 if step.every_position else -1]
-                self.conv_tails[layer] = step.conv_window[:, num_kept : num_kept + width]
+            _check_path(accepted, step.parents or chain_parents(num_new))
+            if accepted:
+                last = accepted[-1]
+                assert step.every_position or last == num_new - 1, "a prefill chunk is committed whole"
+                self.delta_states[layer] = step.states[last if step.every_position else -1]
+                self.conv_tails[layer] = step.tail_after(last, width)
             self.staged[layer] = None
 
     def load(self, conv_tails: torch.Tensor, delta_states: torch.Tensor) -> None:
         self.conv_tails.copy_(conv_tails)
         self.delta_states.copy_(delta_states)
         self.staged = [None] * len(self.staged)
+
+
+def _check_path(rows: list[int], parents: list[int]) -> None:
+    previous = -1
+    for row in rows:
+        if not 0 <= row < len(parents) or parents[row] != previous:
+            raise NotAPath(f"accepted rows {rows} of {len(parents)} are not a root-to-node path of the last forward")
+        previous = row

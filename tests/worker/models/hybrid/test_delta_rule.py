@@ -1,5 +1,6 @@
 """The gated delta rule's two forms: each matches transformers' torch reference, and they agree
-with each other (outputs, final state) from a non-zero initial state, across chunk boundaries."""
+with each other (outputs, final state) from a non-zero initial state, across chunk boundaries;
+in a tree each node continues its parent's state (and its conv reads its own path)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as reference
 
 from worker.models.hybrid.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from worker.models.hybrid.gated_deltanet import l2_normalized
+from worker.models.hybrid.recurrent_state import chain_parents, conv_columns
 
 HEADS, DK, DV = 3, 8, 5
 
@@ -67,3 +69,21 @@ def test_the_two_forms_agree_in_float64(num_tokens):
     recurrent_out, states = _ours(recurrent_delta_rule, x)
     assert torch.allclose(chunked_out, recurrent_out, atol=1e-10)
     assert torch.allclose(final, states[-1], atol=1e-10)
+
+
+def test_a_tree_node_continues_its_parents_state():
+    """Rows: root, a, b (siblings), c under b: c's state is the chain root -> b -> c's."""
+    x = _inputs(4, torch.float64)
+    q, k = l2_normalized(x["q"]) * DK**-0.5, l2_normalized(x["k"])
+    _, tree_states = recurrent_delta_rule(q, k, x["v"], x["g"], x["beta"], x["state"], parents=[-1, 0, 0, 2])
+    path = [0, 2, 3]
+    _, chain_states = recurrent_delta_rule(
+        q[:, path], k[:, path], x["v"][:, path], x["g"][:, path], x["beta"][:, path], x["state"]
+    )
+    assert torch.allclose(tree_states[path], chain_states, atol=1e-12)
+    assert not torch.allclose(tree_states[1], tree_states[2])
+
+
+def test_conv_columns_follow_each_tokens_path():
+    assert conv_columns([-1, 0, 0], kernel=3) == [[0, 1, 2], [1, 2, 3], [1, 2, 4]]
+    assert conv_columns(chain_parents(3), kernel=3) == [[0, 1, 2], [1, 2, 3], [2, 3, 4]]

@@ -1,6 +1,6 @@
-"""The hybrid cache keeps the KV cache's commit contract for chains: after a verification the state
-of the last accepted row is kept, and anything a chain cannot express (trees, rewinding a prefix,
-prefix reuse) is refused rather than served wrong."""
+"""The hybrid cache keeps the KV cache's commit contract: after a verification (chain or tree) the
+state after the last accepted row is kept, and what recurrent state cannot express (rows that
+are not a path, a prefill chunk committed in part, prefix reuse) is refused rather than served wrong."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from worker.engine.runner import ModelRunner
 from worker.model_stepper import ModelStepper
 from worker.models.hybrid.decoder import HybridDecoder
-from worker.models.hybrid.hybrid_cache import HybridCache, TreeOverRecurrentState
+from worker.models.hybrid.hybrid_cache import HybridCache
+from worker.models.hybrid.recurrent_state import NotAPath
 from worker.models.loader import LoadedModel, load_model
 from worker.prefix_cache import PrefixCache
 
@@ -65,15 +66,39 @@ def test_rejecting_every_draft_keeps_the_roots_state(model):
     assert torch.allclose(verified.recurrent.delta_states, stepped.recurrent.delta_states, atol=1e-12)
 
 
-def test_a_tree_is_refused_by_the_decoder_and_by_the_cache(model):
+def test_tree_commit_keeps_the_accepted_paths_kv_and_state(model):
+    """Root, children a and b, grandchild c under b; the path root -> b -> c is accepted: K/V of
+    rows [0, 2, 3] move into place, and the recurrent state is the one after c (from b's, from
+    the root's), as if the path alone had been run as a chain."""
+    decoder = model.decoder
+    tree = _prefilled(decoder)
+    start = tree.length
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    positions = torch.tensor([start, start + 1, start + 1, start + 2])  # start + depth
+    decoder(torch.tensor([1, 44, 45, 46]), positions, tree, tree_mask=mask)
+    tree.commit(4, [0, 2, 3])
+    chain = _prefilled(decoder)
+    _forward(decoder, chain, [1, 45, 46])
+    chain.commit(3)
+    assert tree.length == chain.length == start + 3
+    assert torch.allclose(tree.keys[:, :, : tree.length], chain.keys[:, :, : chain.length], atol=1e-12)
+    assert torch.allclose(tree.values[:, :, : tree.length], chain.values[:, :, : chain.length], atol=1e-12)
+    for name in ("conv_tails", "delta_states"):
+        kept, expected = getattr(tree.recurrent, name), getattr(chain.recurrent, name)
+        assert torch.allclose(kept, expected, atol=1e-12), name
+    assert torch.allclose(_forward(decoder, tree, [9]), _forward(decoder, chain, [9]), atol=1e-10)
+
+
+def test_rows_that_are_not_a_path_are_refused(model):
     decoder = model.decoder
     cache = _prefilled(decoder)
-    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # root with two children
-    with pytest.raises(TreeOverRecurrentState, match="tree verification over recurrent state"):
-        decoder(torch.tensor([1, 2, 3]), torch.tensor([11, 12, 12]), cache, tree_mask=mask)
-    _forward(decoder, cache, [1, 2, 3])
-    with pytest.raises(TreeOverRecurrentState, match=r"accepted rows \[0, 2\] of 3 are not a prefix"):
+    _forward(decoder, cache, [1, 2, 3])  # a chain: only prefixes are paths
+    with pytest.raises(NotAPath, match=r"accepted rows \[0, 2\] of 3 are not a root-to-node path"):
         cache.commit(3, [0, 2])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # siblings under the root
+    decoder(torch.tensor([1, 2, 3]), torch.tensor([11, 12, 12]), cache, tree_mask=mask)
+    with pytest.raises(NotAPath):
+        cache.commit(3, [0, 1, 2])
 
 
 def test_a_prefill_chunk_is_committed_whole(model):

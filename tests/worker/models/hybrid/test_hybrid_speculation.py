@@ -1,6 +1,7 @@
 """Chain speculation over recurrent state is lossless: n-gram speculation gives plain decoding's
 greedy tokens exactly (float64, so a 4-row verification and a 1-row step cannot disagree on an
-argmax through rounding), with drafts accepted; modes that need trees or a drafter model are refused.
+argmax through rounding), with drafts accepted; so does tree verification (an oracle drafter's
+trees); serving modes with a drafter model are refused.
 
 Random hybrid models are too chaotic for prompt lookup: their greedy runs never revisit an n-gram.
 So the target here has tied embeddings and its mixers' and MLPs' output projections damped: the
@@ -20,6 +21,7 @@ from shared.settings import WorkerSettings
 from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model
 from worker.cli import resolve_default_speculation
 from worker.drafters.base import DrafterError
+from worker.drafters.oracle import OracleDrafter, greedy_reference
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
@@ -88,3 +90,15 @@ def test_an_unset_mode_falls_back_to_ngram_even_with_an_mtp_head(tmp_path, monke
     tensors = load_file(str(folder / "model.safetensors"))
     save_file({**tensors, "mtp.fc.weight": torch.zeros(4, 8)}, str(folder / "model.safetensors"))
     assert resolve_default_speculation(WorkerSettings(model=str(folder))).speculation == "ngram"
+
+
+def test_tree_verification_through_the_runner_gives_plain_greedy_tokens(model):
+    """An oracle tree (the right token and a wrong sibling at each depth): every step commits a
+    path that skips rows, so K/V move and each recurrent layer keeps a state from a tree node."""
+    prompt = _repeating_prompts(model.config.vocab_size)[1]
+    reference = greedy_reference(model.decoder, prompt, GREEDY.max_tokens)
+    drafter = OracleDrafter(reference, depth=3, vocab_size=model.config.vocab_size, num_wrong_siblings=1)
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
+    output, stats = _run(runner, prompt)
+    assert output == reference[len(prompt) :]
+    assert stats.accepted_tokens == 3 * stats.drafts > 0  # every correct node accepted, every sibling not
