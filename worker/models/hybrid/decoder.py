@@ -124,13 +124,10 @@ class HybridDecoder(nn.Module):
         start, num_tokens = cache.length, token_ids.shape[0]
         assert start + num_tokens <= cache.max_tokens, "cache overflow: caller must check context length"
         cos, sin = self.rotary(positions)
-        mask = (
-            None
-            if num_tokens == 1 and tree_mask is None
-            else _attention_mask(start, tree_mask, num_tokens, self.device)
-        )
+        mask = _attention_mask(start, tree_mask, num_tokens, self.device)
         parents = None if tree_mask is None else tree_parents(tree_mask)
-        every_position = num_logits != 0 and num_tokens <= MAX_VERIFY_TOKENS  # may be committed in part
+        # may be committed in part: keep every row's state (see MAX_VERIFY_TOKENS)
+        every_position = parents is not None or (num_logits != 0 and num_tokens <= MAX_VERIFY_TOKENS)
         wanted, hidden = set(hidden_layers), {}
         x = self.model.embed_tokens(token_ids)  # [T, hidden]
         for index, layer in enumerate(self.model.layers):
@@ -142,8 +139,13 @@ class HybridDecoder(nn.Module):
         return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
 
 
-def _attention_mask(start: int, tree_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
-    """[T, start + T] bool: the committed prefix, then `tree_mask` (causal by default) among the new tokens."""
+def _attention_mask(
+    start: int, tree_mask: torch.Tensor | None, num_tokens: int, device: torch.device
+) -> torch.Tensor | None:
+    """[T, start + T] bool: the committed prefix, then `tree_mask` (causal by default) among the
+    new tokens. One new token needs no mask at all."""
+    if tree_mask is None and num_tokens == 1:
+        return None
     if tree_mask is None:
         tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
     return torch.cat((torch.ones(num_tokens, start, dtype=torch.bool, device=device), tree_mask), dim=1)

@@ -88,16 +88,15 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.project(x)
         window = torch.cat((recurrent.conv_tails[layer], mixed.t()), dim=-1)  # [conv_dim, kernel - 1 + T]
         q, k, v = self._heads(F.silu(self._conv(window, parents)).t(), x.dtype)
-        compute = q.dtype
-        beta = torch.sigmoid(b).to(compute).t()  # [heads, T]
-        g = (-self.A_log.to(compute).exp() * F.softplus(a.to(compute) + self.dt_bias.to(compute))).t()
+        g, beta = self._decay_and_strength(a, b, q.dtype)
         state = recurrent.delta_states[layer]
-        if every_position or parents is not None:
+        if every_position:
             out, states = recurrent_delta_rule(q, k, v, g, beta, state, parents)
         else:
+            assert parents is None, "a tree keeps every row's state"
             out, final = chunked_delta_rule(q, k, v, g, beta, state)
             states = final[None]
-        recurrent.stage(layer, StagedStep(window, states, every_position or parents is not None, parents))
+        recurrent.stage(layer, StagedStep(window, states, every_position, parents))
         out = self.norm(out.transpose(0, 1).to(x.dtype), z)  # [T, v_heads, dv]
         return self.out_proj(out.reshape(num_tokens, self.value_dim))
 
@@ -108,6 +107,14 @@ class GatedDeltaNet(nn.Module):
             return F.conv1d(window[None], weight, groups=self.conv_dim)[0]
         columns = torch.tensor(conv_columns(parents, weight.shape[-1]), device=window.device)  # [T, kernel]
         return (window[:, columns] * weight).sum(dim=-1)  # [conv_dim, T, kernel] -> [conv_dim, T]
+
+    def _decay_and_strength(
+        self, a: torch.Tensor, b: torch.Tensor, compute: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per value head and token [heads, T]: the log decay g = -exp(A_log) * softplus(a + dt_bias)
+        (in the rule's dtype: in float16 exp(A_log) may overflow) and the write strength sigmoid(b)."""
+        g = -self.A_log.to(compute).exp() * F.softplus(a.to(compute) + self.dt_bias.to(compute))
+        return g.t(), torch.sigmoid(b).to(compute).t()
 
     def _heads(self, conv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k [v_heads, T, dk] (normalised; q scaled) and v [v_heads, T, dv], in the rule's dtype."""
