@@ -90,7 +90,7 @@ class HybridConfig:
         num_layers = _required(raw, "num_hidden_layers")
         num_heads = _required(raw, "num_attention_heads")
         rope = _rope_parameters(raw)
-        _check_activation(raw)
+        _check_supported(raw)
         return cls(
             model_type=model_type,
             vocab_size=_required(raw, "vocab_size"),
@@ -182,10 +182,12 @@ def _rope_parameters(raw: dict) -> dict:
     return rope
 
 
-def _check_activation(raw: dict) -> None:
+def _check_supported(raw: dict) -> None:
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"hidden_act={act!r}: the hybrid decoder implements silu only")
+    if raw.get("attn_output_gate", True) is not True:
+        raise CheckpointError("attn_output_gate=false: the hybrid decoder implements gated attention only")
 
 
 def _required(raw: dict, key: str) -> int:

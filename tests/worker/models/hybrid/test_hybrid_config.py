@@ -68,7 +68,11 @@ def test_layer_types_default_to_full_attention_every_fourth_layer():
     assert config.rotary_dim == 64  # head_dim 256 by default, a quarter of it rotated
 
 
-def test_an_unknown_activation_is_refused():
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [(dict(hidden_act="gelu"), "hidden_act='gelu'"), (dict(attn_output_gate=False), "attn_output_gate")],
+)
+def test_what_the_decoder_does_not_implement_is_refused(override, message):
     raw = dict(model_type="qwen3_5_text", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=4)
-    with pytest.raises(CheckpointError, match="hidden_act='gelu'"):
-        HybridConfig.from_hf(raw | dict(num_attention_heads=2, hidden_act="gelu"))
+    with pytest.raises(CheckpointError, match=message):
+        HybridConfig.from_hf(raw | dict(num_attention_heads=2) | override)

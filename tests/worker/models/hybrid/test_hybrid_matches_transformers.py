@@ -15,9 +15,16 @@ from worker.models.loader import LoadedModel, load_model
 NUM_TOKENS = 150  # more than two of the chunked delta rule's 64-token chunks
 
 
-@pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
+CASES = {family: dict(family=family) for family in HYBRID_FAMILIES} | {
+    "qwen3_5_text-tied": dict(family="qwen3_5_text", tie_word_embeddings=True),  # the small Qwen3.5s tie
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
 def tiny_pair(request, tmp_path_factory) -> tuple[LoadedModel, transformers.PreTrainedModel]:
-    folder = make_tiny_hybrid_model(tmp_path_factory.mktemp(request.param), request.param)
+    options = dict(CASES[request.param])
+    family = options.pop("family")
+    folder = make_tiny_hybrid_model(tmp_path_factory.mktemp(request.param), family, **options)
     ours = load_model(folder, dtype=torch.float32)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return ours, theirs
