@@ -184,7 +184,7 @@ def formats_markdown(report: dict) -> str:
         costs = " | ".join(f"{info['step_ms'][n]:.1f}" for n in rows)
         lines.append(
             f"| {name} | {info['formats']} | {costs} | {agreement['identical_prompts']}/{agreement['num_prompts']} "
-            f"identical, {agreement['tokens_before_first_difference']:.2f} before a difference |"
+            f"identical, {agreement['tokens_before_first_difference']:.3f} before a difference |"
         )
     lines += ["", report["note"], ""]
     return "\n".join(lines)
