@@ -21,6 +21,7 @@ from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.heartbeat import WorkerCounters
+from worker.models.hybrid.decoder import HybridDecoder
 from worker.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class ModelStepper:
         """Bytes of the KV cache `runner.start` allocates for such a lane."""
         config = self.runner.decoder.config
         capacity = num_prompt_tokens + max_tokens + self.runner.max_draft_nodes + 1
+        if isinstance(self.runner.decoder, HybridDecoder):  # K/V for its attention layers only, + recurrent state
+            return self.runner.decoder.cache_bytes(capacity)
         element = torch.empty((), dtype=self.runner.decoder.dtype).element_size()
         return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * capacity * element
 

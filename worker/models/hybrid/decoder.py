@@ -108,6 +108,10 @@ class HybridDecoder(nn.Module):
     def new_cache(self, max_tokens: int) -> HybridCache:
         return HybridCache(self.config, max_tokens, self.dtype, self.device)
 
+    def cache_bytes(self, max_tokens: int) -> int:
+        """What `new_cache(max_tokens)` holds: K/V of the attention layers plus the fixed recurrent state."""
+        return HybridCache.bytes_for(self.config, max_tokens, self.dtype)
+
     @torch.inference_mode()
     def forward(
         self,

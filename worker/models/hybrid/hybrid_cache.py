@@ -38,6 +38,15 @@ class HybridCache:
     def num_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size() + self.recurrent.num_bytes
 
+    @staticmethod
+    def bytes_for(config: HybridConfig, max_tokens: int, dtype: torch.dtype) -> int:
+        """`num_bytes` of such a cache, without allocating it (a lane's admission cost)."""
+        size, state_size = _element_size(dtype), _element_size(torch.promote_types(dtype, torch.float32))
+        kv = 2 * len(config.attention_layers) * config.num_key_value_heads * max_tokens * config.head_dim * size
+        conv = config.conv_dim * (config.linear_conv_kernel_dim - 1) * size
+        heads, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+        return kv + len(config.linear_layers) * (conv + heads * dk * dv * state_size)
+
     def bytes_per_token(self) -> int:
         """K/V bytes a token adds (the recurrent state is a fixed cost, whatever the length)."""
         return 2 * self.keys[:, :, 0].numel() * self.keys.element_size()
@@ -65,3 +74,7 @@ class HybridCache:
 
     def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         raise NotImplementedError("prefix reuse for hybrid models needs the recurrent state too (phase 2)")
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

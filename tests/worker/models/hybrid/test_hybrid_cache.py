@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shared.sampling import SamplingParams
 from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from worker.engine.runner import ModelRunner
 from worker.model_stepper import ModelStepper
@@ -113,3 +114,11 @@ def test_prefill_cache_is_off_for_hybrid_models(model):
     runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids)
     assert not runner.reuses_prefixes
     assert ModelStepper(runner, PrefixCache(1 << 20)).prefix_cache is None
+
+
+def test_a_lanes_admission_cost_is_what_its_cache_holds(model):
+    """Attention layers' K/V plus the fixed recurrent state, not every layer's K/V."""
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids)
+    stepper = ModelStepper(runner)
+    sequence = runner.start("lane", PROMPT, SamplingParams(max_tokens=20))
+    assert stepper.kv_bytes(len(PROMPT), 20) == sequence.cache.num_bytes
