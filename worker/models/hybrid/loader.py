@@ -23,8 +23,8 @@ VISION_PREFIXES = ("model.visual.", "visual.")
 def load_hybrid_model(
     checkpoint: Checkpoint, name: str, dtype: str = "float32", device: str = "cpu", quantize: str = "auto"
 ) -> LoadedModel:
-    if quantize != "auto":
-        raise CheckpointError(f"quantize={quantize!r}: hybrid models are served unquantized for now (quantize auto)")
+    if quantize not in ("auto", "none"):
+        raise CheckpointError(f"quantize={quantize!r}: hybrid models are served unquantized for now (auto or none)")
     if checkpoint.quantized:
         raise CheckpointError("a quantized hybrid checkpoint is not served yet: use its safetensors weights")
     config = HybridConfig.from_hf(checkpoint.config)

@@ -76,3 +76,9 @@ def test_what_the_decoder_does_not_implement_is_refused(override, message):
     raw = dict(model_type="qwen3_5_text", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=4)
     with pytest.raises(CheckpointError, match=message):
         HybridConfig.from_hf(raw | dict(num_attention_heads=2) | override)
+
+
+def test_hybrids_load_dense_in_float32_by_default_and_refuse_quantization(text_model):
+    assert load_model(text_model, dtype="auto", quantize="none").decoder.dtype == torch.float32
+    with pytest.raises(CheckpointError, match="quantize='int4': hybrid models are served unquantized"):
+        load_model(text_model, quantize="int4")
