@@ -2,9 +2,9 @@
 
 Timed on the model itself (not per layer): a forward of n rows after a short committed context,
 logits for every row as in verification, the best of a few repeats (a shared machine only ever
-adds time). A format that costs over `GIVE_UP_RATIO` times the best and is losing ground (its ratio to the
-best grew since the last count) is not timed at higher counts: the int4 forwards of many rows are
-slow and would make start-up slow. The choice itself is row_plan.choose_plan, a pure function.
+adds time). A quantized format that costs over `GIVE_UP_RATIO` times the best and is losing ground (its ratio
+to the best grew since the last count) is not timed at higher counts: the int4 forwards of many
+rows are slow and would make start-up slow. The choice itself is row_plan.choose_plan, a pure function.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import torch
 from worker.models.decoder import Decoder
 from worker.models.kv_cache import KVCache
 from worker.models.row_plan import DEFAULT_ROW_COUNTS, RowPlan, choose_plan
-from worker.models.weight_formats import LinearFormats
+from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats
 
 logger = logging.getLogger(__name__)
 CONTEXT_TOKENS = 32
-REPEATS = 3
+REPEATS = 2
 GIVE_UP_RATIO = 2.0
 
 
@@ -50,15 +50,19 @@ def measure_row_costs(
                 costs[fmt][rows] = _forward_cost(decoder, cache, fmt, rows, repeats)
         best = min(by_rows[rows] for by_rows in costs.values() if rows in by_rows)
         relative = {fmt: by_rows[rows] / best for fmt, by_rows in costs.items() if rows in by_rows}
-        given_up |= {fmt for fmt, ratio in relative.items() if _falling_behind(ratio, previous.get(fmt))}
+        given_up |= {fmt for fmt, ratio in relative.items() if falling_behind(fmt, ratio, previous.get(fmt))}
         previous = relative
     decoder.set_formats(RowPlan.single(weight_formats[0]))
     return costs
 
 
-def _falling_behind(ratio: float, previous_ratio: float | None) -> bool:
-    """Far behind the best and losing ground: it will not come back at higher row counts."""
-    return ratio > GIVE_UP_RATIO and previous_ratio is not None and ratio > previous_ratio
+def falling_behind(weight_format: str, ratio: float, previous_ratio: float | None) -> bool:
+    """A quantized format far behind the best and losing ground: its cost grows with the rows, so it
+    will not come back. Dense formats are never given up: their cost stays flat while others grow
+    (at one row bfloat16 is ~4x int4, at 32 it wins), and a noisy count must not drop them."""
+    if weight_format not in QUANTIZED_FORMATS or previous_ratio is None:
+        return False
+    return ratio > GIVE_UP_RATIO and ratio > previous_ratio
 
 
 def new_timing_cache(decoder: Decoder, max_rows: int) -> KVCache:
