@@ -97,7 +97,9 @@ class RecurrentState:
             _check_path(accepted, step.parents or chain_parents(num_new))
             if accepted:
                 last = accepted[-1]
-                assert step.every_position or last == num_new - 1, "a prefill chunk is committed whole"
+                assert step.every_position or last == num_new - 1, (
+                    "a prefill chunk (or a forward with logits past MAX_VERIFY_TOKENS rows) is committed whole"
+                )
                 self.delta_states[layer] = step.states[last if step.every_position else -1]
                 self.conv_tails[layer] = step.tail_after(last, width)
             self.staged[layer] = None
