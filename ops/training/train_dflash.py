@@ -95,6 +95,7 @@ def block_hidden(
         attn = layer.self_attn
         h = layer.input_layernorm(x)
         rows = h.shape[0]
+        assert attn.q_norm is not None  # Qwen3 layers: q/k norms always
         q = attn.q_norm(attn.q_proj(h).view(rows, attn.num_heads, attn.head_dim))
         q = apply_rotary(q.transpose(0, 1), cos_b, sin_b)
         block_k, block_v = layer.keys_values(h, cos_b, sin_b)

@@ -92,6 +92,7 @@ def chain_hidden(
         k = attn.k_proj(h).view(n, attn.num_kv_heads, attn.head_dim)
         v = attn.v_proj(h).view(n, attn.num_kv_heads, attn.head_dim)
         if attn.q_norm is not None:
+            assert attn.k_norm is not None  # the family has both or neither
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rotary(torch.arange(step, step + n))
         keys.append(apply_rotary(k.transpose(0, 1), cos, sin))
