@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Quantize = Literal["auto", "none", "int8", "int4"]
@@ -111,9 +111,9 @@ class WorkerSettings(BaseSettings):
     # ARBOR_QUANTIZE: linear weights. auto = as the file holds them (a Q4 GGUF stays int4) unless
     # ARBOR_DTYPE is explicit; int4/int8 weight-only; none = dense in the activation dtype
     quantize: Quantize = "auto"
-    # ARBOR_THREADS: the model's intra-op threads; unset: worker/thread_count.py's rule, from the
-    # cores this process may use and ARBOR_WORKERS_PER_HOST
-    threads: int | None = Field(None, ge=1)
+    # ARBOR_THREADS (or OMP_NUM_THREADS, the usual way to say it): the model's intra-op threads;
+    # unset: worker/thread_count.py's rule, from the cores this process may use and ARBOR_WORKERS_PER_HOST
+    threads: int | None = Field(None, ge=1, validation_alias=AliasChoices("ARBOR_THREADS", "OMP_NUM_THREADS"))
     workers_per_host: int = Field(1, ge=1)  # ARBOR_WORKERS_PER_HOST: workers sharing this host's cores
     heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S
     heartbeat_ttl_s: float = Field(5.0, gt=0)  # ARBOR_HEARTBEAT_TTL_S: dead after this silence

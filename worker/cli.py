@@ -288,7 +288,11 @@ def worker_threads(settings) -> int:
 
     cores = available_cores()
     threads = settings.threads or intra_op_threads(cores, settings.workers_per_host)
-    source = "ARBOR_THREADS" if settings.threads else f"{cores} cores, {settings.workers_per_host} worker(s) per host"
+    source = (
+        "ARBOR_THREADS or OMP_NUM_THREADS"
+        if settings.threads
+        else f"{cores} cores, {settings.workers_per_host} worker(s)"
+    )
     logging.getLogger(__name__).info("model threads: %d (%s)", threads, source)
     return threads
 

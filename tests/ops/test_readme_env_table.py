@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pydantic import AliasChoices
+
 from shared.settings import GatewaySettings, WorkerSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -12,7 +14,14 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _env_names(settings_class) -> set[str]:
     prefix = settings_class.model_config["env_prefix"]
-    return {str(field.validation_alias or prefix + name.upper()) for name, field in settings_class.model_fields.items()}
+    names = set()
+    for name, field in settings_class.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names |= {str(choice) for choice in alias.choices}
+        else:
+            names.add(str(alias or prefix + name.upper()))
+    return names
 
 
 def _table_rows() -> dict[str, set[str]]:

@@ -13,9 +13,9 @@ from worker.thread_count import available_cores, intra_op_threads
 
 @pytest.mark.parametrize(
     ("cores", "workers", "threads"),
-    [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 3), (4, 2, 1), (8, 1, 6), (16, 1, 14), (16, 4, 3), (64, 8, 7)],
+    [(1, 1, 1), (2, 1, 2), (2, 2, 1), (3, 2, 1), (4, 1, 4), (4, 3, 1), (16, 4, 4), (64, 6, 10)],
 )
-def test_threads_leave_a_core_for_the_rest_and_split_what_is_left(cores: int, workers: int, threads: int):
+def test_each_worker_gets_its_share_of_the_cores_and_no_more(cores: int, workers: int, threads: int):
     assert intra_op_threads(cores, workers) == threads
 
 
@@ -31,3 +31,11 @@ def test_arbor_threads_overrides_the_rule_and_workers_per_host_feeds_it():
     assert worker_threads(WorkerSettings(threads=5)) == 5
     cores = available_cores()
     assert worker_threads(WorkerSettings(workers_per_host=2)) == intra_op_threads(cores, 2)
+
+
+def test_omp_num_threads_is_honoured_as_arbor_threads(monkeypatch):
+    monkeypatch.delenv("ARBOR_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert WorkerSettings().threads == 3
+    monkeypatch.setenv("ARBOR_THREADS", "2")
+    assert WorkerSettings().threads == 2
