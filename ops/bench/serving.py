@@ -108,6 +108,7 @@ def run_serving(config: ServingConfig) -> tuple[dict, Path]:
         config.dtype,
         config.worker_threads,
         config.ready_timeout_s,
+        max(config.worker_counts),
     )
     try:
         with stack, tqdm(total=_total_requests(config), desc="bench serving", unit="req", file=sys.stderr) as bar:

@@ -41,6 +41,7 @@ class Stack:
         dtype: str,
         worker_threads: int | None,
         ready_timeout_s: float,
+        max_workers: int = 1,
     ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
@@ -55,6 +56,7 @@ class Stack:
         self._worker_argv += ["--draft", draft] if draft else []
         self._dtype = dtype
         self._worker_threads = worker_threads
+        self._max_workers = max_workers  # they split the machine's cores (worker/thread_count.py)
         self._ready_timeout_s = ready_timeout_s
         self._redis: EmbeddedRedis | None = None
         self._gateway: subprocess.Popen | None = None
@@ -103,6 +105,7 @@ class Stack:
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
         assert self._redis is not None
         env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype)
+        env["ARBOR_WORKERS_PER_HOST"] = str(self._max_workers)
         if self._worker_threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self._worker_threads)
         log_path = self.log_dir / f"{name}.log"
