@@ -37,10 +37,7 @@ class KVCache:
         if accepted is None:
             accepted = list(range(num_new))
         assert all(0 <= i < num_new for i in accepted), (accepted, num_new)
-        if accepted != list(range(len(accepted))):
-            source = torch.tensor(accepted, device=self.keys.device) + start
-            self.keys[:, :, start : start + len(accepted)] = self.keys[:, :, source]
-            self.values[:, :, start : start + len(accepted)] = self.values[:, :, source]
+        move_accepted_slots(self.keys, self.values, start, accepted)
         self.length = start + len(accepted)
 
     def truncate(self, length: int) -> None:
@@ -53,3 +50,12 @@ class KVCache:
         self.keys[:, :, :n] = keys
         self.values[:, :, :n] = values
         self.length = n
+
+
+def move_accepted_slots(keys: torch.Tensor, values: torch.Tensor, start: int, accepted: list[int]) -> None:
+    """Scratch slots `start + accepted[i]` to slots `start + i`, in place (a prefix is already there).
+    keys, values: [layers, kv_heads, max_tokens, head_dim]."""
+    if accepted != list(range(len(accepted))):
+        source = torch.tensor(accepted, device=keys.device) + start
+        keys[:, :, start : start + len(accepted)] = keys[:, :, source]
+        values[:, :, start : start + len(accepted)] = values[:, :, source]

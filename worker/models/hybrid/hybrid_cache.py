@@ -14,6 +14,7 @@ import torch
 
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.recurrent_state import RecurrentState
+from worker.models.kv_cache import move_accepted_slots
 
 
 class HybridCache:
@@ -61,12 +62,8 @@ class HybridCache:
         if accepted is None:
             accepted = list(range(num_new))
         self.recurrent.commit(num_new, accepted)  # raises NotAPath for anything but a path
-        start = self.length
-        if accepted != list(range(len(accepted))):
-            source = torch.tensor(accepted, device=self.keys.device) + start
-            self.keys[:, :, start : start + len(accepted)] = self.keys[:, :, source]
-            self.values[:, :, start : start + len(accepted)] = self.values[:, :, source]
-        self.length = start + len(accepted)
+        move_accepted_slots(self.keys, self.values, self.length, accepted)
+        self.length += len(accepted)
 
     def truncate(self, length: int) -> None:
         """Recurrent state cannot be rewound: only a no-op truncation is possible."""
