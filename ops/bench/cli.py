@@ -68,22 +68,53 @@ def _add_decode_parser(commands) -> None:
 
 
 def _add_serving_parser(commands) -> None:
-    parser = commands.add_parser("serving", help="the real stack (Redis, gateway, workers) under streaming clients")
+    parser = commands.add_parser(
+        "serving", help="streaming clients against the real stack (Redis, gateway, workers) or any OpenAI server"
+    )
+    parser.add_argument(
+        "--base-url",
+        default=None,
+        help="an OpenAI-compatible server already running (vLLM, llama-server, Arbor), e.g. http://127.0.0.1:8080: "
+        "only the concurrency sweep, no stack started, no in-process comparison, no worker scaling",
+    )
     parser.add_argument(
         "--workers",
         default="1,2",
         help="worker counts: the first serves the sweep, "
         "the others are compared with it at the highest concurrency (default 1,2)",
     )
-    parser.add_argument("--concurrency", default="1,4,16,64", help="concurrent clients per level (default 1,4,16,64)")
+    parser.add_argument(
+        "--concurrency", default="1,4,8,16,32", help="concurrent streams per level (default 1,4,8,16,32)"
+    )
     parser.add_argument(
         "--requests-per-level", type=int, default=None, help="requests per level (default: 2 × concurrency, at least 8)"
     )
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request, EOS ignored")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument(
-        "--speculation", choices=SPECULATION_MODES, default="none", help="the workers' mode (default none)"
+        "--requests-per-stream",
+        type=int,
+        default=None,
+        help="requests per stream: each level sends concurrency × this many (instead of --requests-per-level)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (EOS ignored on the stack)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="HF folder or .gguf (default: SmolLM2-135M-Instruct); with --base-url, the served name "
+        "(default: the first id of GET /v1/models)",
+    )
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="with --base-url: send ignore_eos: true (vLLM and llama-server accept it), so every request "
+        "runs to --max-tokens; the stack's workers always get it",
+    )
+    parser.add_argument(
+        "--speculation",
+        type=_speculation_modes,
+        default=None,
+        help="the workers' modes, comma-separated: the sweep runs in each, the workers restarted between "
+        "them (default none)",
     )
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp, dflash or tree")
     parser.add_argument(
@@ -140,12 +171,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
 
 
-def _modes(text: str) -> list[str]:
+def _modes(text: str, flag: str = "--modes") -> list[str]:
     modes = [mode.strip() for mode in text.split(",") if mode.strip()]
     unknown = [mode for mode in modes if mode not in SPECULATION_MODES]
-    if not modes or unknown:
-        raise argparse.ArgumentTypeError(f"--modes={text!r}: choose from {','.join(SPECULATION_MODES)}")
+    if not modes or unknown or len(set(modes)) < len(modes):
+        raise argparse.ArgumentTypeError(f"{flag}={text!r}: choose from {','.join(SPECULATION_MODES)}, each once")
     return modes
+
+
+def _speculation_modes(text: str) -> list[str]:
+    return _modes(text, "--speculation")
 
 
 def _run_decode(args: argparse.Namespace) -> int:
@@ -157,7 +192,7 @@ def _run_decode(args: argparse.Namespace) -> int:
 def _run_serving(args: argparse.Namespace) -> int:
     from ops.bench.serving import run_serving_command
 
-    return run_serving_command(_default_model_as_none(args))
+    return run_serving_command(args if args.base_url else _default_model_as_none(args))
 
 
 def _run_owner(args: argparse.Namespace) -> int:

@@ -55,16 +55,17 @@ class RequestRecord:
         return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
 
 
-def chat_body(model: str, prompt: str, max_tokens: int, temperature: float) -> dict:
-    return {
+def chat_body(model: str, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool = True) -> dict:
+    """`ignore_eos` is no OpenAI field, but Arbor, vLLM and llama-server take it: every request runs to max_tokens."""
+    body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": temperature,
-        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    return {**body, "ignore_eos": True} if ignore_eos else body
 
 
 class HttpError(Exception):
@@ -76,11 +77,15 @@ class StreamedResponse:
     status: int
     _reader: asyncio.StreamReader
     _chunked: bool
-    _length: int
+    _length: int  # -1: to the end of the connection
     complete: bool = False  # the whole body was read: the connection can be reused
 
     async def body(self) -> AsyncIterator[bytes]:
         """The body as it arrives (chunked: chunk by chunk)."""
+        if not self._chunked and self._length < 0:  # delimited by the server closing: not reusable
+            while data := await self._reader.read(65536):
+                yield data
+            return
         if not self._chunked:
             data = await self._reader.readexactly(self._length)
             self.complete = True
@@ -157,7 +162,8 @@ async def _read_head(reader: asyncio.StreamReader) -> StreamedResponse:
     fields = (line.partition(":") for line in head[1:] if line)
     headers = {name.strip().lower(): value.strip() for name, _, value in fields}
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    return StreamedResponse(int(parts[1]), reader, chunked, int(headers.get("content-length", 0)))
+    length = int(headers.get("content-length", -1))  # neither header: the body ends when the server closes
+    return StreamedResponse(int(parts[1]), reader, chunked, length)
 
 
 async def stream_chat(client: SseClient, body: dict) -> RequestRecord:
@@ -192,15 +198,19 @@ DONE: dict[str, Any] = {}  # stands for `data: [DONE]`
 
 
 async def _sse_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[dict]:
-    """Each `data: {json}` event, parsed, and DONE for `data: [DONE]`."""
+    """Each `data: {json}` event, parsed, and DONE for `data: [DONE]`; the space after `data:` and
+    CRLF line ends are optional in SSE (other servers than Arbor's gateway use them)."""
     buffer = b""
     async for data in body:
-        buffer += data
+        buffer = (buffer + data).replace(b"\r\n", b"\n")  # a CR may end one read, its LF start the next
         *events, buffer = buffer.split(b"\n\n")
         for event in events:
-            if event.startswith(b"data: {"):
-                yield json.loads(event[len(b"data: ") :])
-            elif event == b"data: [DONE]":
+            if not event.startswith(b"data:"):
+                continue  # a comment or another field
+            data_line = event[len(b"data:") :].lstrip(b" ")
+            if data_line.startswith(b"{"):
+                yield json.loads(data_line)
+            elif data_line == b"[DONE]":
                 yield DONE
 
 

@@ -32,41 +32,51 @@ def decode_figure(report: dict, path: Path) -> None:
 
 
 def serving_figure(report: dict, path: Path) -> None:
-    levels = report["sweep"]
-    concurrency = [level["concurrency"] for level in levels]
+    """Latencies and throughput against streams, one colour per speculation mode; scaling as bars."""
+    runs = [(_mode_label(run["mode"]), run["sweep"]) for run in report["modes"]]
+    concurrency = sorted({level["concurrency"] for _, sweep in runs for level in sweep})
     figure = Figure(figsize=(12, 8), layout="constrained")
     FigureCanvasAgg(figure)
     (ttft, e2e), (throughput, scaling) = figure.subplots(2, 2)
-    _latency_panel(ttft, concurrency, levels, "ttft_ms", "time to first token (ms)")
-    _latency_panel(e2e, concurrency, levels, "e2e_ms", "end to end (ms)")
-    _throughput_panel(throughput, concurrency, levels)
+    _latency_panel(ttft, concurrency, runs, "ttft_ms", "time to first token (ms)")
+    _latency_panel(e2e, concurrency, runs, "e2e_ms", "end to end (ms)")
+    _throughput_panel(throughput, concurrency, runs)
     _scaling_panel(scaling, report.get("scaling") or [])
-    figure.suptitle(
-        f"{report['settings']['model']}, speculation {report['settings']['speculation']}, "
-        f"{report['settings']['max_tokens']} tokens per request"
-    )
+    settings = report["settings"]
+    where = settings.get("base_url") or f"speculation {', '.join(settings['speculation'])}"
+    figure.suptitle(f"{settings['model']}, {where}, {settings['max_tokens']} tokens per request")
     figure.savefig(path, dpi=110)
 
 
-def _latency_panel(axes, concurrency: list[int], levels: list[dict], key: str, label: str) -> None:
-    for quantile, style in (("p50", "o-"), ("p99", "s--")):
-        axes.plot(concurrency, [_nan(level[key][quantile]) for level in levels], style, label=quantile)
+def _mode_label(mode: str | None) -> str:
+    return "server" if mode is None else mode
+
+
+def _colour(index: int) -> str:
+    return f"C{index % 10}"
+
+
+def _latency_panel(axes, concurrency: list[int], runs: list[tuple[str, list[dict]]], key: str, label: str) -> None:
+    for index, (mode, levels) in enumerate(runs):
+        x = [level["concurrency"] for level in levels]
+        for quantile, style in (("p50", "o-"), ("p99", "s--")):
+            values = [_nan(level[key][quantile]) for level in levels]
+            axes.plot(x, values, style, color=_colour(index), label=f"{mode} {quantile}")
     _clients_axis(axes, concurrency)
     axes.set_ylim(bottom=0)
     axes.set_ylabel(label)
     axes.legend()
 
 
-def _throughput_panel(axes, concurrency: list[int], levels: list[dict]) -> None:
-    requests = axes.twinx()
-    for panel, key, style, color, label in (
-        (axes, "output_tokens_per_s", "o-", "tab:blue", "output tokens/s"),
-        (requests, "requests_per_s", "s--", "tab:red", "requests/s"),
-    ):
-        values = [_nan(level[key]) for level in levels]
-        panel.plot(concurrency, values, style, color=color)
-        panel.set_ylabel(label, color=color)
-        panel.set_ylim(0, 1.1 * max((level[key] or 0 for level in levels), default=0) or 1)
+def _throughput_panel(axes, concurrency: list[int], runs: list[tuple[str, list[dict]]]) -> None:
+    top = 0.0
+    for index, (mode, levels) in enumerate(runs):
+        values = [_nan(level["output_tokens_per_s"]) for level in levels]
+        axes.plot([level["concurrency"] for level in levels], values, "o-", color=_colour(index), label=mode)
+        top = max([top, *(level["output_tokens_per_s"] or 0 for level in levels)])
+    axes.set_ylabel("output tokens/s")
+    axes.set_ylim(0, 1.1 * top or 1)
+    axes.legend()
     _clients_axis(axes, concurrency)
 
 
@@ -78,7 +88,7 @@ def _clients_axis(axes, concurrency: list[int]) -> None:
     axes.set_xscale("log", base=2)
     axes.set_xticks(concurrency, [str(c) for c in concurrency])
     axes.minorticks_off()
-    axes.set_xlabel("concurrent clients")
+    axes.set_xlabel("concurrent streams")
 
 
 def _scaling_panel(axes, scaling: list[dict]) -> None:

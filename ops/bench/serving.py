@@ -1,11 +1,15 @@
 """`arbor bench serving`: the real stack under streaming clients, then in-process generate beside it.
 
 Order of a run, on one stack (embedded Redis, gateway, the first worker count):
-1. gateway + Redis vs in-process generate: one client, sequential requests, the two paths
-   alternating request by request (same model, mode, dtype and threads);
+1. gateway + Redis vs in-process generate, in the first speculation mode: one client, sequential
+   requests, the two paths alternating request by request (same model, mode, dtype and threads);
 2. the concurrency sweep, lowest level first;
 3. scaling at the highest level: the other worker counts, then the first count again, so the
-   baseline brackets them (A B A) and a drift in machine load shows up as A != A.
+   baseline brackets them (A B A) and a drift in machine load shows up as A != A;
+4. each further speculation mode: the workers restarted in it (Redis and the gateway stay up),
+   then its sweep.
+
+With --base-url only the sweep runs, against that server, with the same client.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
+from ops.bench.external_server import normalized_base_url, served_model
 from ops.bench.machine_load import OtherLoad
 from ops.bench.pairs import QUIET_CORES, is_quiet, pooled
 from ops.bench.plots import serving_figure
@@ -35,6 +40,7 @@ from ops.bench.results import (
     results_dir,
     write_json,
 )
+from ops.bench.serving_goals import with_goals
 from ops.bench.serving_report import serving_markdown
 from ops.bench.stack import Stack, raise_keyboard_interrupt_on_sigterm
 from ops.training.prompts import HELD_OUT
@@ -47,11 +53,12 @@ WARMUP_TOKENS = 8
 class ServingConfig:
     worker_counts: list[int]
     concurrency: list[int]
-    requests_per_level: int | None  # None: 2 × concurrency, at least 8
+    requests_per_level: int | None  # None: requests_per_stream × concurrency, else 2 × concurrency, at least 8
+    requests_per_stream: int | None
     max_tokens: int
     temperature: float
     model: str | None
-    speculation: str
+    speculation: list[str]  # empty with base_url: the server's own business
     draft: str | None
     compare_requests: int
     worker_threads: int | None
@@ -59,9 +66,25 @@ class ServingConfig:
     ready_timeout_s: float
     level_timeout_s: float
     out: str | None
+    base_url: str | None = None  # a server already running: no stack, only the sweep
+    ignore_eos: bool = True
 
     def num_requests(self, concurrency: int) -> int:
-        return self.requests_per_level or max(8, 2 * concurrency)
+        if self.requests_per_level:
+            return self.requests_per_level
+        if self.requests_per_stream:
+            return self.requests_per_stream * concurrency
+        return max(8, 2 * concurrency)
+
+
+@dataclass(slots=True)
+class Measured:
+    """What a run measured, before the report: one `{"mode", "sweep"}` per speculation mode."""
+
+    model_name: str
+    modes: list[dict]
+    comparison: dict | None = None
+    scaling: list[dict] | None = None
 
 
 def run_serving_command(args: argparse.Namespace) -> int:
@@ -72,38 +95,69 @@ def run_serving_command(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> ServingConfig:
-    if args.max_tokens < 1 or args.compare_requests < 0 or (args.requests_per_level or 1) < 1:
+    counts = [count for count in (args.requests_per_level, args.requests_per_stream) if count is not None]
+    if args.max_tokens < 1 or args.compare_requests < 0 or min(counts, default=1) < 1:
         raise ValueError(
-            f"--max-tokens={args.max_tokens} and --requests-per-level={args.requests_per_level} must "
-            f"be at least 1, --compare-requests={args.compare_requests} at least 0"
+            f"--max-tokens={args.max_tokens}, --requests-per-level={args.requests_per_level} and "
+            f"--requests-per-stream={args.requests_per_stream} must be at least 1, "
+            f"--compare-requests={args.compare_requests} at least 0"
         )
+    if len(counts) == 2:
+        raise ValueError("--requests-per-level and --requests-per-stream both set: choose one")
+    if args.base_url and args.speculation:
+        modes = ",".join(args.speculation)
+        raise ValueError(f"--speculation={modes} is for the stack arbor starts: a --base-url server has its own")
     return ServingConfig(
         parse_int_list(args.workers, "--workers"),
         parse_int_list(args.concurrency, "--concurrency"),
         args.requests_per_level,
+        args.requests_per_stream,
         args.max_tokens,
         args.temperature,
         args.model,
-        args.speculation,
+        [] if args.base_url else args.speculation or ["none"],
         args.draft,
-        args.compare_requests,
+        0 if args.base_url else args.compare_requests,
         args.worker_threads,
         args.dtype,
         args.ready_timeout,
         args.level_timeout,
         args.out,
+        normalized_base_url(args.base_url) if args.base_url else None,
+        args.ignore_eos or not args.base_url,  # the stack's workers always run to max_tokens
     )
 
 
 def run_serving(config: ServingConfig) -> tuple[dict, Path]:
+    model_name = served_model(config.base_url, config.model) if config.base_url else None  # before any folder
     folder = results_dir(config.out)  # the processes' logs go here too
     machine = machine_info()
+    with tqdm(total=_total_requests(config), desc="bench serving", unit="req", file=sys.stderr) as bar:
+        measured = _run_against(config, model_name, bar) if model_name else _run_stack(config, folder, bar)
+    report = build_report(config, machine, measured)
+    write_json(folder / "serving.json", report)
+    (folder / "serving.md").write_text(serving_markdown(report))
+    serving_figure(report, folder / "serving.png")
+    return report, folder
+
+
+def _run_against(config: ServingConfig, model_name: str, bar: tqdm) -> Measured:
+    """The sweep against a server already running (--base-url)."""
+    assert config.base_url is not None
+    bar.set_postfix_str(f"warming up {config.base_url}")
+    _warm_up(config.base_url, model_name, 2, config)
+    sweep = [_level(config.base_url, model_name, config, concurrency, bar) for concurrency in config.concurrency]
+    return Measured(model_name, [{"mode": None, "sweep": sweep}])
+
+
+def _run_stack(config: ServingConfig, folder: Path, bar: tqdm) -> Measured:
     previous_handler = signal.getsignal(signal.SIGTERM)
     raise_keyboard_interrupt_on_sigterm()
+    first_mode, *other_modes = config.speculation
     stack = Stack(
         folder,
         config.model,
-        config.speculation,
+        first_mode,
         config.draft,
         config.dtype,
         config.worker_threads,
@@ -111,47 +165,64 @@ def run_serving(config: ServingConfig) -> tuple[dict, Path]:
         max(config.worker_counts),
     )
     try:
-        with stack, tqdm(total=_total_requests(config), desc="bench serving", unit="req", file=sys.stderr) as bar:
+        with stack:
             bar.set_postfix_str(f"starting Redis, the gateway and {config.worker_counts[0]} worker(s)")
             stack.start(config.worker_counts[0])
-            _warm_up(stack, config)
-            comparison = compare_in_process(stack, config, bar) if config.compare_requests else None
-            sweep = [_level(stack, config, concurrency, bar) for concurrency in config.concurrency]
-            scaling = run_scaling(stack, config, max(sweep, key=lambda level: level["concurrency"]), bar)
+            _warm_up(stack.base_url, stack.model_name, 2 * len(stack.workers), config)
+            measured = Measured(stack.model_name, [])
+            measured.comparison = compare_in_process(stack, config, bar) if config.compare_requests else None
+            measured.modes.append({"mode": first_mode, "sweep": _sweep(stack, config, bar)})
+            measured.scaling = run_scaling(stack, config, _top_level(measured.modes[0]["sweep"]), bar)
+            for mode in other_modes:
+                bar.set_postfix_str(f"restarting the workers in {mode}")
+                stack.restart_workers(mode)
+                _warm_up(stack.base_url, stack.model_name, 2 * len(stack.workers), config)
+                measured.modes.append({"mode": mode, "sweep": _sweep(stack, config, bar)})
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
-    report = build_report(config, stack.model_name, machine, sweep, comparison, scaling)
-    write_json(folder / "serving.json", report)
-    (folder / "serving.md").write_text(serving_markdown(report))
-    serving_figure(report, folder / "serving.png")
-    return report, folder
+    return measured
+
+
+def _top_level(sweep: list[dict]) -> dict:
+    return max(sweep, key=lambda level: level["concurrency"])
 
 
 def _total_requests(config: ServingConfig) -> int:
     top = max(config.concurrency)
-    scaling_runs = len(config.worker_counts) if len(config.worker_counts) > 1 else 0
+    scaling_runs = len(config.worker_counts) if len(config.worker_counts) > 1 and not config.base_url else 0
     return (
         2 * config.compare_requests
-        + sum(config.num_requests(c) for c in config.concurrency)
+        + max(1, len(config.speculation)) * sum(config.num_requests(c) for c in config.concurrency)
         + scaling_runs * config.num_requests(top)
     )
 
 
-def _bodies(model_name: str, config: ServingConfig, count: int) -> list[dict]:
+def _bodies(model_name: str, config: ServingConfig, count: int, max_tokens: int | None = None) -> list[dict]:
     return [
-        chat_body(model_name, HELD_OUT[i % len(HELD_OUT)], config.max_tokens, config.temperature) for i in range(count)
+        chat_body(
+            model_name,
+            HELD_OUT[i % len(HELD_OUT)],
+            max_tokens or config.max_tokens,
+            config.temperature,
+            ignore_eos=config.ignore_eos,
+        )
+        for i in range(count)
     ]
 
 
-def _level(stack: Stack, config: ServingConfig, concurrency: int, bar: tqdm) -> dict:
-    bar.set_postfix_str(f"{len(stack.workers)} worker(s), {concurrency} client(s)")
-    bodies = _bodies(stack.model_name, config, config.num_requests(concurrency))
-    level = asyncio.run(
-        run_level(
-            stack.base_url, bodies, concurrency, config.level_timeout_s, config.level_timeout_s, lambda _: bar.update()
-        )
+def _sweep(stack: Stack, config: ServingConfig, bar: tqdm) -> list[dict]:
+    return [
+        {"workers": len(stack.workers), **_level(stack.base_url, stack.model_name, config, concurrency, bar)}
+        for concurrency in config.concurrency
+    ]
+
+
+def _level(base_url: str, model_name: str, config: ServingConfig, concurrency: int, bar: tqdm) -> dict:
+    bar.set_postfix_str(f"{concurrency} stream(s)")
+    bodies = _bodies(model_name, config, config.num_requests(concurrency))
+    return asyncio.run(
+        run_level(base_url, bodies, concurrency, config.level_timeout_s, config.level_timeout_s, lambda _: bar.update())
     )
-    return {"workers": len(stack.workers), **level}
 
 
 def run_scaling(stack: Stack, config: ServingConfig, base_run: dict, bar: tqdm) -> list[dict]:
@@ -163,31 +234,33 @@ def run_scaling(stack: Stack, config: ServingConfig, base_run: dict, bar: tqdm) 
     rows = [{**base_run, "label": "before"}]
     for count in config.worker_counts[1:]:
         _set_workers(stack, config, count, bar)
-        rows.append({**_level(stack, config, top, bar), "label": ""})
+        rows.append(_scaling_row(stack, config, top, bar, ""))
     _set_workers(stack, config, base, bar)
-    rows.append({**_level(stack, config, top, bar), "label": "after"})
+    rows.append(_scaling_row(stack, config, top, bar, "after"))
     return rows
+
+
+def _scaling_row(stack: Stack, config: ServingConfig, concurrency: int, bar: tqdm, label: str) -> dict:
+    level = _level(stack.base_url, stack.model_name, config, concurrency, bar)
+    return {"workers": len(stack.workers), **level, "label": label}
 
 
 def _set_workers(stack: Stack, config: ServingConfig, count: int, bar: tqdm) -> None:
     bar.set_postfix_str(f"{len(stack.workers)} -> {count} worker(s)")
     if count > len(stack.workers):
         stack.add_workers(count - len(stack.workers))
-        _warm_up(stack, config)
+        _warm_up(stack.base_url, stack.model_name, 2 * len(stack.workers), config)
     elif count < len(stack.workers):
         stack.remove_workers(len(stack.workers) - count)
 
 
-def _warm_up(stack: Stack, config: ServingConfig) -> None:
+def _warm_up(base_url: str, model_name: str, num_requests: int, config: ServingConfig) -> None:
     """A few short requests, not counted: the first through a fresh gateway and worker pay for set-up.
 
     Best effort for new workers: pulling is first come, first served, so one may take them all.
     """
-    bodies = [
-        chat_body(stack.model_name, HELD_OUT[0], min(WARMUP_TOKENS, config.max_tokens), config.temperature)
-        for _ in range(2 * len(stack.workers))
-    ]
-    asyncio.run(run_level(stack.base_url, bodies, len(bodies), config.level_timeout_s, config.level_timeout_s))
+    bodies = _bodies(model_name, config, num_requests, min(WARMUP_TOKENS, config.max_tokens))
+    asyncio.run(run_level(base_url, bodies, len(bodies), config.level_timeout_s, config.level_timeout_s))
 
 
 def compare_in_process(stack: Stack, config: ServingConfig, bar: tqdm) -> dict:
@@ -201,7 +274,7 @@ def compare_in_process(stack: Stack, config: ServingConfig, bar: tqdm) -> dict:
     bar.set_postfix_str("loading the model in process")
     options = DraftOptions(draft=Path(config.draft) if config.draft else None)
     served = load_serving_model(
-        config.model, config.speculation, options, config.dtype, num_threads=config.worker_threads
+        config.model, config.speculation[0], options, config.dtype, num_threads=config.worker_threads
     )
     in_process_request(served, encode_prompt, HELD_OUT[0], config, min(WARMUP_TOKENS, config.max_tokens))
     bodies = _bodies(stack.model_name, config, config.compare_requests)
@@ -331,43 +404,49 @@ def _path_summary(records: list[RequestRecord]) -> dict:
     }
 
 
-def build_report(
-    config: ServingConfig,
-    model_name: str,
-    machine: dict,
-    sweep: list[dict],
-    comparison: dict | None,
-    scaling: list[dict],
-) -> dict:
-    errors = sum(level["errors"] for level in sweep + scaling[1:])
+def build_report(config: ServingConfig, machine: dict, measured: Measured) -> dict:
+    scaling, comparison = measured.scaling or [], measured.comparison
+    levels = [level for run in measured.modes for level in run["sweep"]] + scaling[1:]
+    errors = sum(level["errors"] for level in levels)
     errors += (comparison["gateway"]["errors"] + comparison["in_process"]["errors"]) if comparison else 0
     return {
         "benchmark": "serving",
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine,
-        "settings": {
-            "model": model_name,
-            "speculation": config.speculation,
-            "dtype": config.dtype,
-            "worker_counts": config.worker_counts,
-            "concurrency": config.concurrency,
-            "requests_per_level": {c: config.num_requests(c) for c in config.concurrency},
-            "max_tokens": config.max_tokens,
-            "temperature": config.temperature,
-            "max_lanes_per_worker": WorkerSettings().max_lanes,
-            "prefill_cache": "off",
-            "stream_interval": WorkerSettings().stream_interval,  # the workers inherit the environment
-            "publish_interval_ms": WorkerSettings().publish_interval_ms,
-            "publish_budget": WorkerSettings().publish_budget,
-            "worker_threads": config.worker_threads or "torch default",
-            "compare_requests": config.compare_requests,
-        },
+        "settings": _settings(config, measured.model_name),
         "note": SIDE_BY_SIDE_NOTE,
-        "sweep": sweep,
+        "modes": with_goals(measured.modes),
         "comparison": comparison,
         "scaling": scaling,
         "scaling_speedup": scaling_speedup(scaling),
         "total_errors": errors,
+    }
+
+
+def _settings(config: ServingConfig, model_name: str) -> dict:
+    load = {
+        "model": model_name,
+        "base_url": config.base_url,
+        "concurrency": config.concurrency,
+        "requests_per_level": {c: config.num_requests(c) for c in config.concurrency},
+        "max_tokens": config.max_tokens,
+        "ignore_eos": config.ignore_eos,
+        "temperature": config.temperature,
+    }
+    if config.base_url:
+        return load
+    return {
+        **load,
+        "speculation": config.speculation,
+        "dtype": config.dtype,
+        "worker_counts": config.worker_counts,
+        "max_lanes_per_worker": WorkerSettings().max_lanes,
+        "prefill_cache": "off",
+        "stream_interval": WorkerSettings().stream_interval,  # the workers inherit the environment
+        "publish_interval_ms": WorkerSettings().publish_interval_ms,
+        "publish_budget": WorkerSettings().publish_budget,
+        "worker_threads": config.worker_threads or "torch default",
+        "compare_requests": config.compare_requests,
     }
 
 

@@ -6,35 +6,67 @@ from ops.bench.results import SIDE_BY_SIDE_NOTE, fmt, markdown_table
 
 
 def serving_markdown(report: dict) -> str:
-    settings, machine = report["settings"], report["machine"]
-    lines = [
-        f"# arbor bench serving — {report['timestamp']}",
-        "",
-        f"Model {settings['model']}, speculation `{settings['speculation']}`, {settings['dtype']}, "
-        f"{settings['max_tokens']} tokens per request (EOS ignored), temperature {settings['temperature']}, "
-        f"streaming chat clients over HTTP; workers: up to {settings['max_lanes_per_worker']} lanes each, "
-        f"stream interval {settings.get('stream_interval', 1)} token(s), "
-        f"publish interval {settings.get('publish_interval_ms', 0):g} ms "
-        f"(budget {settings.get('publish_budget', 0):g} of the owner's time), "
-        f"prefill cache off, torch threads: {settings['worker_threads']}; machine: {machine['cpu_count']} cores, "
-        f"load average {machine['load_average_1m']} at start. Total errors: {report['total_errors']}.",
-        "",
-    ]
+    settings = report["settings"]
+    lines = [f"# arbor bench serving — {report['timestamp']}", "", _setup(report), ""]
     lines += _comparison(report["comparison"])
-    lines += [f"## Concurrency sweep ({settings['worker_counts'][0]} worker(s))", "", _level_table(report["sweep"]), ""]
+    for run in report["modes"]:
+        lines += [f"## {_sweep_title(run['mode'], settings)}", "", _level_table(run["sweep"]), ""]
+        lines += _goals(run["goals"])
     lines += _scaling(report["scaling"], report["scaling_speedup"])
     lines += [
         "TTFT: request sent -> first text chunk. ITL: gaps between text chunks. TPOT: (end - first text) / "
         "(tokens - 1). Latencies in ms, rates over each level's wall time.",
         "",
-        f"Measured side by side where it compares: {SIDE_BY_SIDE_NOTE}.",
     ]
+    if not settings.get("base_url"):
+        lines.append(f"Measured side by side where it compares: {SIDE_BY_SIDE_NOTE}.")
     return "\n".join(lines) + "\n"
+
+
+def _setup(report: dict) -> str:
+    settings, machine = report["settings"], report["machine"]
+    eos = "EOS ignored" if settings.get("ignore_eos", True) else "EOS ends a request"
+    load = (
+        f"Model {settings['model']}, {settings['max_tokens']} tokens per request ({eos}), temperature "
+        f"{settings['temperature']}, streaming chat clients over HTTP"
+    )
+    tail = f"machine: {machine['cpu_count']} cores, load average {machine['load_average_1m']} at start. "
+    tail += f"Total errors: {report['total_errors']}."
+    if settings.get("base_url"):
+        return f"{load} to the server at {settings['base_url']}; {tail}"
+    return (
+        f"{load}; speculation {', '.join(f'`{mode}`' for mode in settings['speculation'])}, {settings['dtype']}; "
+        f"workers: up to {settings['max_lanes_per_worker']} lanes each, "
+        f"stream interval {settings.get('stream_interval', 1)} token(s), "
+        f"publish interval {settings.get('publish_interval_ms', 0):g} ms "
+        f"(budget {settings.get('publish_budget', 0):g} of the owner's time), "
+        f"prefill cache off, torch threads: {settings['worker_threads']}; {tail}"
+    )
+
+
+def _sweep_title(mode: str | None, settings: dict) -> str:
+    if mode is None:
+        return f"Concurrency sweep, {settings['base_url']}"
+    return f"Concurrency sweep, speculation `{mode}` ({settings['worker_counts'][0]} worker(s))"
+
+
+def _goals(goals: dict) -> list[str]:
+    """One line: the 16-over-1 ratios, and the ratios to `none` where it ran beside this mode."""
+    parts = []
+    if goals["tokens_per_s_16_over_1"] is not None:
+        parts.append(f"output tokens/s at 16 streams ÷ at 1: {fmt(goals['tokens_per_s_16_over_1'], 2)}x")
+    if goals["itl_p50_16_over_1"] is not None:
+        parts.append(f"ITL p50 at 16 streams ÷ at 1: {fmt(goals['itl_p50_16_over_1'], 2)}x")
+    over_none = goals.get("tokens_per_s_over_none")
+    if over_none:
+        levels = ", ".join(f"{fmt(value, 2)}x at {streams}" for streams, value in over_none.items())
+        parts.append(f"output tokens/s ÷ `none`'s: {levels}")
+    return [f"Goals: {'; '.join(parts)}.", ""] if parts else []
 
 
 def _level_table(levels: list[dict]) -> str:
     headers = [
-        "clients",
+        "streams",
         "requests",
         "errors",
         "req/s",

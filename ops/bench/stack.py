@@ -45,15 +45,10 @@ class Stack:
     ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
-        self._worker_argv = [
-            "worker",
-            "--speculation",
-            speculation,
-            "--prefill-cache-bytes",
-            "0",
-        ]  # repeated prompts must not become cache hits
-        self._worker_argv += ["--model", model] if model else []
-        self._worker_argv += ["--draft", draft] if draft else []
+        self.speculation = speculation
+        self._model_argv = ["--model", model] if model else []
+        self._model_argv += ["--draft", draft] if draft else []
+        self._log_suffix = ""  # workers restarted in another mode log beside the first ones
         self._dtype = dtype
         self._worker_threads = worker_threads
         self._max_workers = max_workers  # they split the machine's cores (worker/thread_count.py)
@@ -73,9 +68,18 @@ class Stack:
         return self
 
     def add_workers(self, count: int) -> None:
+        # the prefill cache off: repeated prompts must not become cache hits
+        argv = ["worker", "--speculation", self.speculation, "--prefill-cache-bytes", "0", *self._model_argv]
         for _ in range(count):
-            self.workers.append(self._spawn(self._worker_argv, f"worker-{len(self.workers) + 1}"))
+            self.workers.append(self._spawn(argv, f"worker-{len(self.workers) + 1}{self._log_suffix}"))
         self._wait_ready(len(self.workers))
+
+    def restart_workers(self, speculation: str) -> None:
+        """Every worker drained and as many started in `speculation`; Redis and the gateway stay up."""
+        count = len(self.workers)
+        self.remove_workers(count)
+        self.speculation, self._log_suffix = speculation, f"-{speculation}"
+        self.add_workers(count)
 
     def remove_workers(self, count: int) -> None:
         """SIGTERM drains the newest workers; their heartbeats go with them."""
@@ -132,6 +136,7 @@ class Stack:
         )
 
     def ready_workers(self) -> int:
+        """Workers ready in the current mode: a restart waits for the new mode, not for a leftover."""
         try:
             with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
                 body = json.loads(response.read())
@@ -139,7 +144,8 @@ class Stack:
             body = json.loads(error.read() or b"{}")
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
             return 0
-        return sum(1 for worker in body.get("workers", []) if worker.get("ready"))
+        workers = body.get("workers", [])
+        return sum(1 for worker in workers if worker.get("ready") and worker.get("speculation") == self.speculation)
 
     def _check_alive(self) -> None:
         for process in [self._gateway, *self.workers]:

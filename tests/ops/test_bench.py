@@ -163,12 +163,14 @@ def test_bench_decode_reports_a_missing_drafter_as_unavailable(tiny_model, tmp_p
     assert [c["name"] for c in report["contenders"]] == ["arbor none"]
 
 
-def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_model, tmp_path):
+def test_bench_serving_small_run_has_no_errors_and_reports_percentiles_per_mode(tiny_model, tmp_path):
     argv = [
         "bench",
         "serving",
         "--model",
         str(tiny_model),
+        "--speculation",
+        "none,ngram",
         "--workers",
         "1",
         "--concurrency",
@@ -189,17 +191,21 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles(tiny_mode
         str(tmp_path),
     ]
     assert main(argv) == 0
-    assert {"serving.json", "serving.md", "serving.png", "gateway.log", "worker-1.log"} <= {
+    assert {"serving.json", "serving.md", "serving.png", "gateway.log", "worker-1.log", "worker-1-ngram.log"} <= {
         path.name for path in tmp_path.iterdir()
-    }
+    }, "the workers restarted in ngram log beside the first ones"
     report = json.loads((tmp_path / "serving.json").read_text())
     assert report["total_errors"] == 0
-    assert [level["concurrency"] for level in report["sweep"]] == [1, 2]
-    for level in report["sweep"]:
-        assert level["ok"] == 2 and level["errors"] == 0
-        assert level["output_tokens_per_s"] > 0 and level["requests_per_s"] > 0
-        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-            assert level[key]["p50"] is not None and level[key]["p99"] >= level[key]["p50"]
+    assert [run["mode"] for run in report["modes"]] == ["none", "ngram"]
+    for run in report["modes"]:
+        assert [level["concurrency"] for level in run["sweep"]] == [1, 2]
+        for level in run["sweep"]:
+            assert level["ok"] == 2 and level["errors"] == 0
+            assert level["output_tokens_per_s"] > 0 and level["requests_per_s"] > 0
+            for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+                assert level[key]["p50"] is not None and level[key]["p99"] >= level[key]["p50"]
+    assert report["modes"][0]["goals"]["tokens_per_s_over_none"] is None
+    assert set(report["modes"][1]["goals"]["tokens_per_s_over_none"]) == {"1", "2"}
     comparison = report["comparison"]
     assert comparison["gateway"]["ok"] == comparison["in_process"]["ok"] == 1
     assert comparison["tokens_per_s_ratio"] > 0 and comparison["added_ttft_p50_ms"] is not None
