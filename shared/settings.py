@@ -93,8 +93,13 @@ class WorkerSettings(BaseSettings):
     served_model_name: str | None = None  # ARBOR_SERVED_MODEL_NAME; default: MODEL's file stem
     redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
     worker_id: str = Field(default_factory=_default_worker_id, validation_alias="WORKER_ID")
-    max_lanes: int = Field(8, ge=1)  # ARBOR_MAX_LANES: concurrent requests
+    max_lanes: int = Field(32, ge=1)  # ARBOR_MAX_LANES: concurrent requests (lanes batched in each step)
     max_context: int = Field(4096, ge=16)  # ARBOR_MAX_CONTEXT: tokens per lane, prompt + output
+    # ARBOR_KV_CACHE_BYTES: the KV pool every lane's K/V lives in; unset: room for every lane at
+    # full context, at most 2 GiB
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    # ARBOR_MAX_BATCH_TOKENS: rows of one step (decode rows first, then prefill chunks)
+    max_batch_tokens: int = Field(256, ge=1)
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
     tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (mode "tree")
     stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)

@@ -32,6 +32,11 @@ class WorkerCounters:
     accepted_by_position: list[int] = field(default_factory=list)  # [d]: drafts whose depth d+1 was accepted
     prefix_cache_bytes: int = 0
     redeliveries: int = 0  # jobs this worker reclaimed from a dead one
+    preemptions: int = 0  # lanes that gave their KV blocks back to let others run, to resume later
+    step_lanes: int = 0  # lanes summed over every step (÷ steps: the mean batch)
+    step_rows: int = 0  # rows summed over every step
+    kv_blocks_used: int = 0  # KV pool blocks held now (set after every step)
+    kv_blocks_total: int = 0
 
 
 @dataclass(slots=True, frozen=True)

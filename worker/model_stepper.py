@@ -16,15 +16,19 @@ import torch
 
 from shared.sampling import SamplingParams
 from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
+from worker.engine.kv_pool import KVPool
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
-from worker.engine.runner import ModelRunner
+from worker.engine.runner import LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.heartbeat import WorkerCounters
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.prefix_cache import PrefixCache
+from worker.scheduler import LaneWorkItem
+from worker.serving_model import verify_rows
 
 log = logging.getLogger(__name__)
+NO_POOL_BLOCKS = 1 << 62  # free blocks, as the scheduler sees them, where lanes hold none
 
 
 @dataclass(slots=True)
@@ -65,7 +69,11 @@ class LaneState:
 
 class ModelStepper:
     def __init__(
-        self, runner: ModelRunner, prefix_cache: PrefixCache | None = None, counters: WorkerCounters | None = None
+        self,
+        runner: ModelRunner,
+        prefix_cache: PrefixCache | None = None,
+        counters: WorkerCounters | None = None,
+        pool: KVPool | None = None,
     ):
         if prefix_cache is not None and not supports_prefix_reuse(runner.drafter):
             log.warning(
@@ -77,21 +85,49 @@ class ModelStepper:
             log.warning("the model keeps recurrent state besides K/V: the prefill cache is off")
             prefix_cache = None
         self.runner = runner
+        self.pool = pool  # where the lanes' K/V live (None: a buffer per lane, sized at its start)
+        self._decode_rows = verify_rows(runner.drafter)  # a decode step's rows: root + the most draft nodes
         self.prefix_cache = prefix_cache
         self.counters = counters or WorkerCounters()
         self._logprob_lanes: dict[str, LaneState] = {}  # the observer is installed only while one exists
 
     def kv_bytes(self, num_prompt_tokens: int, max_tokens: int) -> int:
-        """Bytes of the KV cache `runner.start` allocates for such a lane."""
+        """Bytes fixed when such a lane starts: 0 in the pool (its blocks are counted instead),
+        else the KV cache (and recurrent state) `runner.start` allocates."""
+        if self.pool is not None:
+            return 0
         config = self.runner.decoder.config
-        capacity = num_prompt_tokens + max_tokens + self.runner.max_draft_nodes + 1
+        capacity = self._capacity(num_prompt_tokens, max_tokens)
         if isinstance(self.runner.decoder, HybridDecoder):  # K/V for its attention layers only, + recurrent state
             return self.runner.decoder.cache_bytes(capacity)
         element = torch.empty((), dtype=self.runner.decoder.dtype).element_size()
         return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * capacity * element
 
+    def blocks_for(self, num_tokens: int) -> int:
+        """Pool blocks `num_tokens` tokens take (0 without a pool)."""
+        pool = self.pool
+        return 0 if pool is None else pool.blocks_for(num_tokens)
+
+    def blocks_to_admit(self, num_tokens: int) -> int:
+        """Blocks a lane of `num_tokens` tokens so far (prompt + resumed output) needs to start:
+        its prefill and a first decode step."""
+        return self.blocks_for(num_tokens + self.runner.max_draft_nodes + 1)
+
+    def max_blocks(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        return self.blocks_for(self._capacity(num_prompt_tokens, max_tokens))
+
+    @property
+    def num_blocks(self) -> int | None:
+        pool = self.pool
+        return None if pool is None else pool.num_blocks
+
+    def _capacity(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        return num_prompt_tokens + max_tokens + self.runner.max_draft_nodes + 1
+
     def start(self, payload: LaneStart) -> LaneState:
-        sequence = self.runner.start(payload.sequence_id, payload.prompt_ids, payload.params, payload.resumed_ids)
+        sequence = self.runner.start(
+            payload.sequence_id, payload.prompt_ids, payload.params, payload.resumed_ids, self.pool
+        )
         state = LaneState(sequence, payload.num_logprobs)
         if not sequence.finished:
             state.prefix_tokens = self._reuse_prefix(sequence)
@@ -103,38 +139,89 @@ class ModelStepper:
     def num_to_prefill(self, state: LaneState) -> int:
         return 0 if state.finished else state.sequence.num_to_prefill
 
+    def decode_rows(self, state: LaneState) -> int:
+        return self._decode_rows
+
+    def free_blocks(self) -> int:
+        pool = self.pool
+        return NO_POOL_BLOCKS if pool is None else pool.allocator.num_free
+
+    def blocks_needed(self, state: LaneState, num_rows: int) -> int:
+        cache = state.sequence.cache
+        return cache.blocks_needed(min(cache.length + num_rows, cache.max_tokens))
+
+    def step(self, items: list[LaneWorkItem]) -> list[list[int] | Exception]:
+        """One forward over the items' lanes (a finished lane's item emits nothing and runs nothing)."""
+        outcomes: list[list[int] | Exception] = [[] for _ in items]
+        works: list[tuple[int, LaneState, LaneWork]] = []
+        for index, item in enumerate(items):
+            state = item.state
+            if not state.finished:
+                state.logprobs = []
+                works.append((index, state, LaneWork(state.sequence, item.num_prefill)))
+        before = [_spec_counts(state) for _, state, _ in works]
+        self.runner.step([work for _, _, work in works])
+        counters = self.counters
+        counters.steps += 1
+        counters.step_lanes += len(works)
+        counters.step_rows += sum(work.num_rows for _, _, work in works)
+        pool = self.pool
+        if pool is not None:
+            counters.kv_blocks_used, counters.kv_blocks_total = pool.allocator.num_used, pool.num_blocks
+        for (index, state, work), counts in zip(works, before, strict=True):
+            if work.error is not None:
+                outcomes[index] = work.error
+            elif work.is_prefill:
+                self._after_prefill(state)
+            else:
+                self._count_decode(state, counts, work.emitted)
+                outcomes[index] = work.emitted
+        return outcomes
+
     def prefill(self, state: LaneState, max_tokens: int) -> int:
-        sequence = state.sequence
-        num = min(max_tokens, sequence.num_to_prefill)
-        self.runner.prefill(sequence, num)
-        self.counters.steps += 1
-        if sequence.num_to_prefill == 0 and not state.stored:
-            state.stored = True
-            self._store_prefix(sequence)
+        """One prefill chunk of this lane alone (as a step of one)."""
+        num = min(max_tokens, state.sequence.num_to_prefill)
+        outcome = self.step([LaneWorkItem(state, num)])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
         return num
 
     def decode(self, state: LaneState) -> list[int]:
-        if state.finished:
-            return []
-        state.logprobs = []
-        stats = state.stats
-        before = (stats.drafts, stats.draft_tokens, stats.accepted_tokens)
-        emitted = self.runner.decode_step(state.sequence)
-        counters = self.counters
-        counters.steps += 1
-        counters.tokens += len(emitted)
-        counters.drafts += stats.drafts - before[0]
-        counters.draft_tokens += stats.draft_tokens - before[1]
-        counters.accepted_tokens += stats.accepted_tokens - before[2]
-        _count_by_position(counters.accepted_by_position, stats.accepted_tokens - before[2])
-        return emitted
+        """One decode step of this lane alone (as a step of one)."""
+        outcome = self.step([LaneWorkItem(state, 0)])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def preempt(self, state: LaneState) -> None:
+        """Its blocks back to the pool; it resumes by prefilling prompt + output again."""
+        sequence = state.sequence
+        sequence.cache.release()
+        drafter = self.runner.drafter
+        if drafter is not None:
+            sequence.drafter_state = drafter.start(sequence)
+        self.counters.preemptions += 1
 
     def release(self, state: LaneState) -> None:
+        state.sequence.cache.release()
         self._logprob_lanes.pop(state.sequence.request_id, None)
         if not self._logprob_lanes:
             # Observing copies the emitted rows out of the logits on every step, logprobs asked or
             # not: a kernel launch and a copy on a GPU, ~15 us a step on the tiny CPU model.
             self.runner.logits_observer = None
+
+    def _after_prefill(self, state: LaneState) -> None:
+        if state.sequence.num_to_prefill == 0 and not state.stored:
+            state.stored = True
+            self._store_prefix(state.sequence)
+
+    def _count_decode(self, state: LaneState, before: tuple[int, int, int], emitted: list[int]) -> None:
+        stats, counters = state.stats, self.counters
+        counters.tokens += len(emitted)
+        counters.drafts += stats.drafts - before[0]
+        counters.draft_tokens += stats.draft_tokens - before[1]
+        counters.accepted_tokens += stats.accepted_tokens - before[2]
+        _count_by_position(counters.accepted_by_position, stats.accepted_tokens - before[2])
 
     def force_tokens(self, state: LaneState, token_ids: list[int]) -> list[int]:
         """Append tokens the model did not choose (a forced close tag); they are prefilled next turn."""
@@ -191,6 +278,11 @@ class ModelStepper:
         if state is None:
             return
         state.logprobs = [logprobs_of(row, token, state.num_logprobs or 0) for row, token in zip(logits, emitted)]
+
+
+def _spec_counts(state: LaneState) -> tuple[int, int, int]:
+    stats = state.stats
+    return stats.drafts, stats.draft_tokens, stats.accepted_tokens
 
 
 def _count_by_position(counts: list[int], num_accepted: int) -> None:

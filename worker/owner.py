@@ -119,8 +119,8 @@ class OwnerConfig:
     worker_id: str
     speculation: str
     max_lanes: int
-    max_kv_bytes: int
-    max_prefill_chunk: int
+    max_kv_bytes: int  # for lanes whose memory is fixed at start (hybrid models)
+    max_batch_tokens: int  # rows of one step
 
 
 @dataclass(slots=True)
@@ -155,7 +155,7 @@ class Owner:
         self.inbox: queue.SimpleQueue[StartJob | DropJob | StopOwner] = queue.SimpleQueue()
         self.scheduler = Scheduler(
             stepper,
-            SchedulerConfig(config.max_lanes, config.max_kv_bytes, config.max_prefill_chunk),
+            SchedulerConfig(config.max_lanes, config.max_kv_bytes, config.max_batch_tokens, stepper.num_blocks),
             self._is_cancelled,
         )
         self._jobs: dict[str, _Job] = {}
@@ -166,8 +166,7 @@ class Owner:
         """The owner loop; returns on StopOwner (dropping whatever is left, unacknowledged)."""
         sending = False
         while self._receive(block=self.scheduler.idle and not sending):
-            result = self.scheduler.step()
-            if result is not None:
+            for result in self.scheduler.step():
                 self._handle(result)
             if self._held and (self.scheduler.idle or self.sink.due()):
                 self._release_held()
@@ -225,9 +224,12 @@ class Owner:
                 job.outputs[choice] = self._replayed_output(job, choice)
         for choice in [c for c, output in job.outputs.items() if output.stopped]:
             self._finish_stopped_replay(job, choice)  # the earlier attempt died between its last delta and final
-        kv_bytes = self.stepper.kv_bytes(len(spec.prompt_ids), spec.params.max_tokens)
+        stepper, num_prompt, max_tokens = self.stepper, len(spec.prompt_ids), spec.params.max_tokens
+        kv_bytes = stepper.kv_bytes(num_prompt, max_tokens)
+        max_blocks = stepper.max_blocks(num_prompt, max_tokens)
         try:
             for choice in job.outputs:
+                num_blocks = stepper.blocks_to_admit(num_prompt + len(job.emitted[choice]))
                 start = LaneStart(
                     f"{spec.request_id}/{choice}",
                     spec.prompt_ids,
@@ -235,7 +237,8 @@ class Owner:
                     job.emitted[choice],
                     spec.output.num_logprobs,
                 )
-                self.scheduler.submit(LaneRequest((spec.request_id, choice), kv_bytes, spec.deadline, start))
+                key = (spec.request_id, choice)
+                self.scheduler.submit(LaneRequest(key, kv_bytes, spec.deadline, start, num_blocks, max_blocks))
         except LaneTooLarge as error:
             self._fail(job, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
             return

@@ -1,17 +1,28 @@
-"""The cooperative lane scheduler: which lane steps next, and which waiting lane may start. Torch-free.
+"""The batch scheduler: which lanes run in the next step, and with how many rows. Torch-free.
 
-Lanes take turns, one step each, round robin. A step is a prefill chunk of at most
-`max_prefill_chunk` tokens, or one decode step (draft -> verify -> commit). So a long prompt is
-prefilled over several turns while the other lanes keep decoding:
+Every step is one target forward over the rows of several lanes, at most `max_batch_tokens`
+rows in all (a token budget, as vLLM's and SGLang's schedulers have):
 
-    lanes A (decoding) and B (a 3-chunk prompt):   A  B1  A  B2  A  B3  A  B  A  B ...
+1. every running lane that is decoding gets its decode rows (root + draft nodes), in turn;
+2. running lanes still prefilling get chunks of their prompt, in arrival order, from what is left;
+3. waiting lanes start, in arrival order, while lanes, memory and budget allow; each brings its
+   first prompt chunk into the same step (time to first token is one step, not a queue of turns).
 
-Admission is by free lanes and by memory: a waiting lane starts once a lane is free and its KV
-bytes fit next to the running lanes'. Waiting lanes start in arrival order (no overtaking, so a
-large request is not starved by small ones).
+So a long prompt is prefilled over several steps while the other lanes keep decoding in each:
 
-Before every step the lane is checked for cancellation and for its deadline; a lane dropped for
-either is released without running and reported as the turn's result. The model is behind
+    budget 8, lane A decoding, lane B with an 11-token prompt:
+    step 1: A(1) B(7)   step 2: A(1) B(4)   step 3: A(1) B(1)   step 4: A(1) B(1) ...
+
+Memory is the stepper's pool of KV blocks. A lane is admitted when the blocks its tokens so far
+need are free; a running lane takes blocks as it grows. When a step's lanes need more blocks
+than are free, the most recently started lane that is not in the step yet is preempted: its
+blocks go back, and it waits at the head of the queue to be prefilled again (prompt and output
+so far: its output continues where it stopped, nothing repeated or lost). A lane whose
+memory is fixed when it starts (`kv_bytes`, a hybrid model's recurrent state) counts against
+`max_kv_bytes` instead.
+
+Cancellation and deadlines are checked before every step; a lane dropped for either is
+released without running. A lane whose step raises fails alone. The model is behind
 `LaneStepper`, so the policy tests run with a fake stepper and no torch.
 """
 
@@ -28,15 +39,17 @@ LaneKey = tuple[str, int]  # (request id, choice index)
 
 
 class LaneTooLarge(ValueError):
-    """A lane whose KV bytes exceed the whole memory budget: it could never start."""
+    """A lane that could never run: it needs more memory than the worker has in all."""
 
 
 @dataclass(slots=True)
 class LaneRequest:
     key: LaneKey
-    kv_bytes: int  # memory the lane holds while it runs
+    kv_bytes: int  # memory fixed when the lane starts (0 for lanes in the block pool)
     deadline: float | None  # unix s; past it the lane is dropped before its next step
     payload: Any  # what the stepper needs to start the lane
+    num_blocks: int = 0  # pool blocks its tokens so far need: admitted when they are free
+    max_blocks: int = 0  # pool blocks it needs at its longest (refused if the pool has fewer)
 
 
 class StepKind(enum.Enum):
@@ -57,19 +70,34 @@ class StepResult:
     error: Exception | None = None  # for FAILED
 
 
+@dataclass(slots=True)
+class LaneWorkItem:
+    state: Any
+    num_prefill: int  # > 0: a prefill chunk of this many tokens; 0: a decode step
+
+
 class LaneStepper(Protocol):
-    """The model-facing half of a lane. All calls happen on the owner thread."""
+    """The model-facing half of the lanes. All calls happen on the owner thread."""
 
     def start(self, payload: Any) -> Any:
-        """Allocate the lane (KV cache, prefix-cache lookup); returns its state."""
+        """Set the lane up (its cache, a prefix-cache lookup); returns its state."""
 
     def num_to_prefill(self, state: Any) -> int: ...
 
-    def prefill(self, state: Any, max_tokens: int) -> int:
-        """Prefill at most `max_tokens` tokens; returns how many were prefilled."""
+    def decode_rows(self, state: Any) -> int:
+        """Rows the lane's next decode step may take (root + draft nodes)."""
 
-    def decode(self, state: Any) -> list[int]:
-        """One draft -> verify -> commit cycle; returns the emitted token ids."""
+    def free_blocks(self) -> int: ...
+
+    def blocks_needed(self, state: Any, num_rows: int) -> int:
+        """Blocks the lane must take before a step that adds `num_rows` rows."""
+
+    def step(self, items: list[LaneWorkItem]) -> list[list[int] | Exception]:
+        """One forward over every item; per item the tokens a decode step emitted ([] for a
+        prefill chunk) or the exception that ended that lane (the others are unaffected)."""
+
+    def preempt(self, state: Any) -> None:
+        """Give the lane's blocks back; it is prefilled again (prompt + output) when it resumes."""
 
     def release(self, state: Any) -> None:
         """The lane is done; free what it holds."""
@@ -78,14 +106,15 @@ class LaneStepper(Protocol):
 @dataclass(slots=True, frozen=True)
 class SchedulerConfig:
     max_lanes: int
-    max_kv_bytes: int
-    max_prefill_chunk: int = 256
+    max_kv_bytes: int  # for lanes whose memory is fixed at start (`LaneRequest.kv_bytes`)
+    max_batch_tokens: int = 256  # rows of one step
+    num_blocks: int | None = None  # the pool's size (None: lanes hold no pool blocks)
 
 
 @dataclass(slots=True)
 class _Lane:
     request: LaneRequest
-    state: Any
+    state: Any = None  # None until started (a preempted lane keeps its state)
 
 
 class Scheduler:
@@ -96,14 +125,16 @@ class Scheduler:
         is_cancelled: Callable[[LaneKey], bool] = lambda key: False,
         clock: Callable[[], float] = time.time,
     ):
-        assert config.max_lanes >= 1 and config.max_prefill_chunk >= 1, config
+        assert config.max_lanes >= 1 and config.max_batch_tokens >= 1, config
         self.stepper = stepper
         self.config = config
         self.is_cancelled = is_cancelled
         self.clock = clock
-        self._waiting: deque[LaneRequest] = deque()
+        self._waiting: deque[_Lane] = deque()
         self._running: deque[_Lane] = deque()
         self._kv_bytes = 0
+        self.num_preemptions = 0
+        self._decode_turn = 0
 
     @property
     def num_running(self) -> int:
@@ -112,10 +143,6 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
-
-    @property
-    def num_free_lanes(self) -> int:
-        return self.config.max_lanes - len(self._running)
 
     @property
     def kv_bytes(self) -> int:
@@ -131,44 +158,141 @@ class Scheduler:
                 f"lane {request.key} needs kv_bytes={request.kv_bytes}, more than the "
                 f"worker's max_kv_bytes={self.config.max_kv_bytes}"
             )
-        self._waiting.append(request)
+        num_blocks = self.config.num_blocks
+        if num_blocks is not None and request.max_blocks > num_blocks:
+            raise LaneTooLarge(
+                f"lane {request.key} needs {request.max_blocks} KV blocks at its longest, more than the "
+                f"worker's {num_blocks} (ARBOR_KV_CACHE_BYTES)"
+            )
+        self._waiting.append(_Lane(request))
 
-    def step(self) -> StepResult | None:
-        """One turn: a dropped waiting lane, or one step of the next running lane; None when idle."""
-        dropped = self._drop_waiting() or self._admit()
-        if dropped is not None:
-            return dropped
-        if not self._running:
-            return None
-        lane = self._running.popleft()
-        reason = self._drop_reason(lane.request)
-        if reason is not None:
-            self._release(lane)
-            return StepResult(lane.request.key, reason, lane.state)
-        try:
-            result = self._run(lane)
-        except Exception as error:  # one broken lane must not take the worker's other lanes down
-            self._release(lane)
-            return StepResult(lane.request.key, StepKind.FAILED, lane.state, error=error)
-        self._running.append(lane)
-        return result
+    def step(self) -> list[StepResult]:
+        """One step: the lanes dropped before it, then one result per lane that ran (or failed)."""
+        results = self._drop(self._waiting) + self._drop(self._running)
+        plan = _Plan(self.config.max_batch_tokens, self.stepper.free_blocks())
+        self._plan_running(plan)
+        results += self._admit(plan)
+        if not plan.items:
+            return results
+        outcomes = self.stepper.step([LaneWorkItem(lane.state, rows) for lane, rows in plan.items])
+        for (lane, num_prefill), outcome in zip(plan.items, outcomes, strict=True):
+            results.append(self._result(lane, num_prefill, outcome))
+        planned_decodes = sum(1 for _, num_prefill in plan.items if num_prefill == 0)
+        if planned_decodes < plan.num_decoding:
+            self._decode_turn += planned_decodes  # the budget was short: next step starts with those left out
+        return results
 
     def retire(self, key: LaneKey) -> None:
         """The caller finished the lane (end of sequence, stop string, error): free it."""
-        for lane in self._running:
-            if lane.request.key == key:
-                self._running.remove(lane)
-                self._release(lane)
-                return
-        self._waiting = deque(request for request in self._waiting if request.key != key)
+        for queue in (self._running, self._waiting):
+            for lane in queue:
+                if lane.request.key == key:
+                    queue.remove(lane)
+                    self._release(lane)
+                    return
 
-    def _run(self, lane: _Lane) -> StepResult:
-        stepper, key = self.stepper, lane.request.key
-        remaining = stepper.num_to_prefill(lane.state)
-        if remaining > 0:
-            num = stepper.prefill(lane.state, min(remaining, self.config.max_prefill_chunk))
-            return StepResult(key, StepKind.PREFILL, lane.state, num_prefilled=num)
-        return StepResult(key, StepKind.DECODE, lane.state, token_ids=stepper.decode(lane.state))
+    # -- planning ---------------------------------------------------------------------------
+
+    def _plan_running(self, plan: _Plan) -> None:
+        stepper = self.stepper
+        decoding = [lane for lane in self._running if stepper.num_to_prefill(lane.state) == 0]
+        prefilling = [lane for lane in self._running if stepper.num_to_prefill(lane.state) > 0]
+        plan.num_decoding = len(decoding)
+        turn = self._decode_turn % len(decoding) if decoding else 0
+        for lane in decoding[turn:] + decoding[:turn]:
+            if id(lane) in plan.preempted:
+                continue
+            self._add(plan, lane, stepper.decode_rows(lane.state), num_prefill=0)
+        for lane in prefilling:
+            if plan.budget == 0:
+                break
+            if id(lane) in plan.preempted:
+                continue
+            rows = min(stepper.num_to_prefill(lane.state), plan.budget)
+            self._add(plan, lane, rows, num_prefill=rows)
+
+    def _add(self, plan: _Plan, lane: _Lane, rows: int, num_prefill: int) -> bool:
+        """Put the lane in the step if the budget and the blocks allow (preempting for blocks)."""
+        if rows > plan.budget and plan.items:
+            return False
+        needed = self.stepper.blocks_needed(lane.state, rows)
+        while needed > plan.free_blocks:
+            victim = self._victim(plan, lane)
+            if victim is None:
+                return False
+            self._preempt(plan, victim)
+            if victim is lane:
+                return False
+        plan.free_blocks -= needed
+        plan.budget = max(plan.budget - rows, 0)
+        plan.items.append((lane, num_prefill))
+        plan.lanes.add(id(lane))
+        return True
+
+    def _victim(self, plan: _Plan, lane: _Lane) -> _Lane | None:
+        """The most recently started lane not in the step (the lane itself if it is the last)."""
+        for candidate in reversed(self._running):
+            if id(candidate) not in plan.lanes:
+                return candidate
+        return None
+
+    def _preempt(self, plan: _Plan, lane: _Lane) -> None:
+        before = self.stepper.free_blocks()
+        self.stepper.preempt(lane.state)
+        plan.free_blocks += self.stepper.free_blocks() - before
+        self._running.remove(lane)
+        plan.preempted.add(id(lane))
+        self._waiting.appendleft(lane)
+        self.num_preemptions += 1
+
+    def _admit(self, plan: _Plan) -> list[StepResult]:
+        """Start (or resume) waiting lanes, in arrival order, while lanes, memory and budget allow."""
+        results: list[StepResult] = []
+        while self._waiting and len(self._running) < self.config.max_lanes and plan.budget > 0:
+            lane = self._waiting[0]
+            request = lane.request
+            if id(lane) in plan.preempted:
+                break  # memory ran out in this step: it resumes in a later one
+            if request.num_blocks > plan.free_blocks or self._kv_bytes + request.kv_bytes > self.config.max_kv_bytes:
+                break
+            self._waiting.popleft()
+            if lane.state is None:
+                try:
+                    lane.state = self.stepper.start(request.payload)
+                except Exception as error:  # e.g. out of memory: report it against this lane only
+                    results.append(StepResult(request.key, StepKind.FAILED, None, error=error))
+                    continue
+                self._kv_bytes += request.kv_bytes
+            self._running.append(lane)
+            remaining = self.stepper.num_to_prefill(lane.state)
+            if remaining > 0:
+                self._add(plan, lane, min(remaining, plan.budget), num_prefill=min(remaining, plan.budget))
+            else:
+                plan.num_decoding += 1
+                self._add(plan, lane, self.stepper.decode_rows(lane.state), num_prefill=0)
+        return results
+
+    # -- results ----------------------------------------------------------------------------
+
+    def _result(self, lane: _Lane, num_prefill: int, outcome: list[int] | Exception) -> StepResult:
+        key = lane.request.key
+        if isinstance(outcome, Exception):
+            self._running.remove(lane)
+            self._release(lane)
+            return StepResult(key, StepKind.FAILED, lane.state, error=outcome)
+        if num_prefill > 0:
+            return StepResult(key, StepKind.PREFILL, lane.state, num_prefilled=num_prefill)
+        return StepResult(key, StepKind.DECODE, lane.state, token_ids=outcome)
+
+    def _drop(self, queue: deque[_Lane]) -> list[StepResult]:
+        results = []
+        for lane in list(queue):
+            reason = self._drop_reason(lane.request)
+            if reason is not None:
+                queue.remove(lane)
+                self._release(lane)
+                results.append(StepResult(lane.request.key, reason, lane.state))
+        return results
 
     def _drop_reason(self, request: LaneRequest) -> StepKind | None:
         if self.is_cancelled(request.key):
@@ -177,29 +301,18 @@ class Scheduler:
             return StepKind.EXPIRED
         return None
 
-    def _drop_waiting(self) -> StepResult | None:
-        for request in self._waiting:
-            reason = self._drop_reason(request)
-            if reason is not None:
-                self._waiting.remove(request)
-                return StepResult(request.key, reason, None)
-        return None
-
-    def _admit(self) -> StepResult | None:
-        """Start waiting lanes while lanes and memory allow; a lane that fails to start is the turn's result."""
-        while self._waiting and self.num_free_lanes > 0:
-            request = self._waiting[0]
-            if self._kv_bytes + request.kv_bytes > self.config.max_kv_bytes:
-                return None
-            self._waiting.popleft()
-            try:
-                state = self.stepper.start(request.payload)
-            except Exception as error:  # e.g. out of memory: report it against this lane only
-                return StepResult(request.key, StepKind.FAILED, None, error=error)
-            self._kv_bytes += request.kv_bytes
-            self._running.append(_Lane(request, state))
-        return None
-
     def _release(self, lane: _Lane) -> None:
+        if lane.state is None:
+            return
         self._kv_bytes -= lane.request.kv_bytes
         self.stepper.release(lane.state)
+
+
+@dataclass(slots=True)
+class _Plan:
+    budget: int  # rows left in the step
+    free_blocks: int  # pool blocks free once the planned lanes took theirs
+    items: list[tuple[_Lane, int]] = field(default_factory=list)  # (lane, num_prefill)
+    lanes: set[int] = field(default_factory=set)  # id() of each planned lane
+    preempted: set[int] = field(default_factory=set)  # id() of each lane preempted while planning
+    num_decoding: int = 0  # running lanes that were decoding when the step was planned

@@ -40,6 +40,7 @@ from shared.protocol import parse_control
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
+from worker.engine.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES, new_pool
 from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
 from worker.intake import Intake
 from worker.jobs import JobSpec
@@ -75,8 +76,8 @@ class ServiceConfig:
     redis_url: str
     max_lanes: int = 8
     max_context: int = 4096
-    max_kv_bytes: int | None = None  # None: room for every lane at full context
-    max_prefill_chunk: int = 256
+    kv_cache_bytes: int | None = None  # the KV pool; None: room for every lane at full context, at most 2 GiB
+    max_batch_tokens: int = 256  # rows of one step
     prefill_cache_bytes: int = 256 * 1024 * 1024
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 5.0
@@ -101,6 +102,8 @@ class ServiceConfig:
             redis_url=settings.redis_url,
             max_lanes=settings.max_lanes,
             max_context=settings.max_context,
+            kv_cache_bytes=settings.kv_cache_bytes,
+            max_batch_tokens=settings.max_batch_tokens,
             prefill_cache_bytes=settings.prefill_cache_bytes,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeat_ttl_s=settings.heartbeat_ttl_s,
@@ -281,10 +284,13 @@ class WorkerService:
         self._intake.served = served
         config = self.config
         cache = PrefixCache(config.prefill_cache_bytes) if config.prefill_cache_bytes > 0 else None
-        stepper = ModelStepper(served.runner, cache, self.counters)
-        max_kv_bytes = config.max_kv_bytes or config.max_lanes * stepper.kv_bytes(config.max_context, 0)
+        runner = served.runner
+        kv_cache_bytes = config.kv_cache_bytes or min(
+            config.max_lanes * ModelStepper(runner).kv_bytes(config.max_context, 0), DEFAULT_MAX_KV_CACHE_BYTES
+        )
+        stepper = ModelStepper(runner, cache, self.counters, new_pool(runner.decoder, kv_cache_bytes))
         owner_config = OwnerConfig(
-            config.worker_id, config.speculation, config.max_lanes, max_kv_bytes, config.max_prefill_chunk
+            config.worker_id, config.speculation, config.max_lanes, kv_cache_bytes, config.max_batch_tokens
         )
         return Owner(stepper, served.tokenizer, owner_config, self.capacity, publisher)
 

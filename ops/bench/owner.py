@@ -288,7 +288,7 @@ class _OwnerLoop:
             publish_budget=publish_budget,
         )
         self.capacity = Capacity(max_lanes=1)
-        config = OwnerConfig(WORKER_ID, "none", 1, max_kv_bytes=1 << 40, max_prefill_chunk=MAX_PREFILL_CHUNK)
+        config = OwnerConfig(WORKER_ID, "none", 1, max_kv_bytes=1 << 40, max_batch_tokens=MAX_PREFILL_CHUNK)
         self.owner = Owner(ModelStepper(served.runner), served.tokenizer, config, self.capacity, publisher)
         self._last_sequence = None
         runner_start = served.runner.start

@@ -55,8 +55,32 @@ class ScriptedStepper:
     counters: WorkerCounters = field(default_factory=WorkerCounters)
     lanes: list[ScriptedLane] = field(default_factory=list)  # every lane started, in order
 
+    num_blocks = None  # no KV pool: lanes are admitted by lanes free alone
+
     def kv_bytes(self, num_prompt_tokens: int, max_tokens: int) -> int:
         return 1
+
+    def blocks_to_admit(self, num_tokens: int) -> int:
+        return 0
+
+    def max_blocks(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        return 0
+
+    def decode_rows(self, lane: ScriptedLane) -> int:
+        return lane.tokens_per_step
+
+    def free_blocks(self) -> int:
+        return 1 << 62
+
+    def blocks_needed(self, lane: ScriptedLane, num_rows: int) -> int:
+        return 0
+
+    def preempt(self, lane: ScriptedLane) -> None:
+        raise AssertionError("lanes hold no blocks: nothing is preempted")
+
+    def step(self, items) -> list:
+        time.sleep(self.step_delay_s)  # one forward for every lane of the step
+        return [self._decode(item.state) for item in items]
 
     def start(self, payload: LaneStart) -> ScriptedLane:
         lane = ScriptedLane(
@@ -71,8 +95,7 @@ class ScriptedStepper:
     def prefill(self, lane: ScriptedLane, max_tokens: int) -> int:
         raise AssertionError("nothing to prefill")
 
-    def decode(self, lane: ScriptedLane) -> list[int]:
-        time.sleep(self.step_delay_s)
+    def _decode(self, lane: ScriptedLane) -> list[int]:
         done = len(lane.output_ids)
         emitted = lane.script[done : done + lane.tokens_per_step][: lane.params.max_tokens - done]
         lane.output_ids.extend(emitted)

@@ -1,7 +1,16 @@
-"""The model runner: prefill chunks and draft -> verify -> commit decode steps for one sequence.
+"""The model runner: one step over several sequences, each a prefill chunk or a draft -> verify
+-> commit decode step, in one target forward.
 
-It owns no scheduling policy: the scheduler (or `generate`) decides which sequence steps next
-and how large a prefill chunk may be. Everything here runs on the owner thread.
+It owns no scheduling policy: the scheduler (or `generate`) decides which sequences step
+together and how large each prefill chunk is. A step runs in three phases, and a sequence whose
+phase raises fails alone (its `LaneWork.error`) while the others go on:
+
+    draft     per sequence (its drafter's proposal)
+    forward   one target forward over every sequence's rows (should it raise, each sequence's
+              rows run again alone, so only the one that cannot run fails)
+    accept    per sequence: acceptance, commit, the drafter's observation
+
+Everything here runs on the owner thread.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,10 +26,11 @@ import torch
 from shared.sampling import SamplingParams
 from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
+from worker.engine.kv_pool import KVPool
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, tree_inputs
-from worker.models.decoder import Decoder, ForwardOutput
+from worker.models.decoder import Decoder, ForwardOutput, LaneRows
 from worker.speculation.tree import DraftTree
 
 EMPTY_TREE = DraftTree([], [], [])
@@ -31,6 +42,27 @@ class ContextLengthError(ValueError):
 
 class NoStructuredOutputs(ValueError):
     """A constrained request for a runner without the model's tokenizer (see `grammar_masks`)."""
+
+
+@dataclass(slots=True)
+class LaneWork:
+    """One sequence's part of a step: a prefill chunk (`num_prefill` > 0) or a decode step (0)."""
+
+    sequence: Sequence
+    num_prefill: int = 0
+    emitted: list[int] = field(default_factory=list)  # a decode step's tokens (already in output_ids)
+    error: Exception | None = None  # its step failed: the sequence must not step again
+    tree: DraftTree = field(default_factory=lambda: EMPTY_TREE)
+    rows: LaneRows | None = None
+    out: ForwardOutput | None = None
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_prefill > 0
+
+    @property
+    def num_rows(self) -> int:
+        return 0 if self.rows is None else len(self.rows.token_ids)
 
 
 class ModelRunner:
@@ -75,9 +107,16 @@ class ModelRunner:
             )
 
     def start(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, resumed_ids: Seq[int] = ()
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        resumed_ids: Seq[int] = (),
+        pool: KVPool | None = None,
     ) -> Sequence:
-        """A new sequence; `resumed_ids` are tokens already emitted for it (by a worker that died)."""
+        """A new sequence; `resumed_ids` are tokens already emitted for it (by a worker that died).
+        Its K/V live in blocks of `pool` (serving) or else in a buffer of its own (generate, tests,
+        and hybrid models, whose recurrent state is not K/V)."""
         self.check_fits(len(prompt_ids), params.max_tokens)
         capacity = len(prompt_ids) + params.max_tokens + self.max_draft_nodes + 1
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
@@ -85,7 +124,7 @@ class ModelRunner:
             request_id,
             list(prompt_ids),
             params,
-            self.decoder.new_cache(capacity),
+            pool.new_cache(capacity) if pool is not None else self.decoder.new_cache(capacity),
             make_generator(params.seed),
             output_ids=list(resumed_ids),
             stop_ids=stop_ids,
@@ -112,39 +151,101 @@ class ModelRunner:
 
     def prefill(self, sequence: Sequence, max_chunk: int) -> None:
         """Run up to `max_chunk` of the tokens before the root through the target (and drafter)."""
-        started = time.perf_counter()
-        start = sequence.cache.length
-        num = min(max_chunk, sequence.num_to_prefill)
-        token_ids = sequence.token_ids[start : start + num]
-        out = self._forward(torch.tensor(token_ids), torch.arange(start, start + num), sequence, None, num_logits=0)
-        sequence.cache.commit(num)
-        self._observe(sequence, token_ids, start, out, rows=None)
-        sequence.stats.prefill_tokens += num
-        sequence.stats.prefill_s += time.perf_counter() - started
+        self._step_alone(LaneWork(sequence, min(max_chunk, sequence.num_to_prefill)))
 
     def decode_step(self, sequence: Sequence) -> list[int]:
         """One draft -> verify -> commit cycle; returns the tokens emitted (already in output_ids)."""
-        assert sequence.num_to_prefill == 0 and not sequence.finished
+        return self._step_alone(LaneWork(sequence)).emitted
+
+    def step(self, works: Seq[LaneWork]) -> None:
+        """One step of every work's sequence; each work's `emitted` or `error` says how it went."""
         started = time.perf_counter()
-        tree = self._propose(sequence)
+        for work in works:
+            assert not work.sequence.finished and (work.is_prefill or work.sequence.num_to_prefill == 0)
+            self._guarded(work, self._draft)
         drafted = time.perf_counter()
-        token_ids, positions, mask = tree_inputs(sequence, tree)
-        out = self._forward(token_ids, positions, sequence, mask, num_logits=None)
-        verdict = accept(sequence, tree, out.logits)
-        rows = [0] + [node + 1 for node in verdict.accepted_nodes]
+        self._forward_all([work for work in works if work.error is None])
+        for work in works:
+            self._guarded(work, self._finish)
+            self._account(work, started, drafted)
+            work.out = None  # the step's tensors go with the step
+
+    def _step_alone(self, work: LaneWork) -> LaneWork:
+        self.step([work])
+        if work.error is not None:
+            raise work.error
+        return work
+
+    def _guarded(self, work: LaneWork, phase: Callable[[LaneWork], None]) -> None:
+        if work.error is not None:
+            return
+        try:
+            phase(work)
+        except Exception as error:  # this sequence's failure; the step's other sequences go on
+            work.error = error
+
+    def _draft(self, work: LaneWork) -> None:
+        sequence = work.sequence
         start = sequence.cache.length
-        sequence.cache.commit(1 + tree.num_nodes, rows)
+        if work.is_prefill:
+            token_ids = sequence.token_ids[start : start + work.num_prefill]
+            sequence.cache.reserve(start + work.num_prefill)
+            work.rows = LaneRows(token_ids, list(range(start, start + work.num_prefill)), sequence.cache, None, 0)
+            return
+        work.tree = self._propose(sequence)
+        token_ids, positions, mask = tree_inputs(sequence, work.tree)
+        sequence.cache.reserve(start + len(token_ids))
+        work.rows = LaneRows(token_ids, positions, sequence.cache, mask, None)
+
+    def _forward_all(self, works: list[LaneWork]) -> None:
+        if not works:
+            return
+        try:
+            outs = self._forward([work.rows for work in works if work.rows is not None])
+        except Exception as error:
+            if len(works) == 1:
+                works[0].error = error
+                return
+            for work in works:  # find the one that cannot run: each alone
+                self._guarded(work, self._forward_alone)
+            return
+        for work, out in zip(works, outs, strict=True):
+            work.out = out
+
+    def _forward_alone(self, work: LaneWork) -> None:
+        assert work.rows is not None
+        work.out = self._forward([work.rows])[0]
+
+    def _finish(self, work: LaneWork) -> None:
+        sequence, out, rows = work.sequence, work.out, work.rows
+        assert out is not None and rows is not None
+        start = sequence.cache.length
+        if work.is_prefill:
+            sequence.cache.commit(work.num_prefill)
+            self._observe(sequence, rows.token_ids, start, out, rows=None)
+            return
+        tree = work.tree
+        verdict = accept(sequence, tree, out.logits)
+        kept = [0] + [node + 1 for node in verdict.accepted_nodes]
+        sequence.cache.commit(1 + tree.num_nodes, kept)
         committed = [sequence.root_token] + [tree.tokens[node] for node in verdict.accepted_nodes]
         emitted = self._truncate(sequence, verdict.emitted)
         if self.logits_observer is not None:
-            self.logits_observer(sequence, out.logits[rows[: len(emitted)]], emitted)  # row i chose emitted[i]
+            self.logits_observer(sequence, out.logits[kept[: len(emitted)]], emitted)  # row i chose emitted[i]
         sequence.output_ids.extend(emitted)
-        self._observe(sequence, committed, start, out, rows, next_token=verdict.emitted[-1])
-        stats = sequence.stats
-        stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
-        stats.draft_s += drafted - started
-        stats.verify_s += time.perf_counter() - drafted
-        return emitted
+        self._observe(sequence, committed, start, out, kept, next_token=verdict.emitted[-1])
+        sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
+        work.emitted = emitted
+
+    def _account(self, work: LaneWork, started: float, drafted: float) -> None:
+        """The step's time, to each of its sequences: what each waited for its tokens."""
+        stats, now = work.sequence.stats, time.perf_counter()
+        if work.is_prefill:
+            stats.prefill_tokens += work.num_prefill
+            stats.prefill_s += now - started
+        else:
+            stats.draft_s += drafted - started
+            stats.verify_s += now - drafted
 
     def attach_prefix(
         self, sequence: Sequence, keys: torch.Tensor, values: torch.Tensor, drafter_snapshot: Any
@@ -161,10 +262,7 @@ class ModelRunner:
 
     def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Copies of the target's K/V for the first `num_tokens` committed tokens, and the drafter's snapshot."""
-        cache = sequence.cache
-        assert 0 < num_tokens <= cache.length, (num_tokens, cache.length)
-        keys = cache.keys[:, :, :num_tokens].clone()  # [layers, kv_heads, n, head_dim]
-        values = cache.values[:, :, :num_tokens].clone()
+        keys, values = sequence.cache.prefix_kv(num_tokens)  # [layers, kv_heads, n, head_dim] each
         drafter = self.drafter
         if drafter is None:
             return keys, values, None
@@ -181,24 +279,24 @@ class ModelRunner:
         assert tree.num_nodes <= self.max_draft_nodes, (tree.num_nodes, self.max_draft_nodes)
         return tree
 
-    def _forward(
-        self,
-        token_ids: torch.Tensor,
-        positions: torch.Tensor,
-        sequence: Sequence,
-        mask: torch.Tensor | None,
-        num_logits: int | None,
-    ) -> ForwardOutput:
-        drafter = self.drafter
-        return self.decoder(
-            token_ids,
-            positions,
-            sequence.cache,
-            tree_mask=mask,
-            hidden_layers=drafter.hidden_layers if drafter else (),
-            want_final_hidden=bool(drafter and drafter.wants_final_hidden),
-            num_logits=num_logits,
-        )
+    def _forward(self, rows: list[LaneRows]) -> list[ForwardOutput]:
+        decoder, drafter = self.decoder, self.drafter
+        hidden_layers = drafter.hidden_layers if drafter else ()
+        want_final_hidden = bool(drafter and drafter.wants_final_hidden)
+        if isinstance(decoder, Decoder):
+            return decoder.forward_lanes(rows, hidden_layers, want_final_hidden)
+        return [  # a hybrid decoder runs its lanes one by one
+            decoder(
+                torch.tensor(lane.token_ids),
+                torch.tensor(lane.positions),
+                lane.cache,
+                tree_mask=lane.tree_mask,
+                hidden_layers=hidden_layers,
+                want_final_hidden=want_final_hidden,
+                num_logits=lane.num_logits,
+            )
+            for lane in rows
+        ]
 
     def _observe(
         self,

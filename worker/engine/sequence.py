@@ -14,6 +14,7 @@ import torch
 
 from shared.sampling import SamplingParams
 from worker.engine.grammar_constraint import GrammarConstraint
+from worker.engine.kv_pool import PagedKVCache
 from worker.engine.stats import SpecStats
 from worker.models.kv_cache import KVCache
 
@@ -23,7 +24,7 @@ class Sequence:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    cache: KVCache
+    cache: KVCache | PagedKVCache  # (or a hybrid model's HybridCache): the same interface
     generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)  # emitted so far (incl. any resumed tokens)
     drafter_state: Any = None

@@ -22,14 +22,14 @@ class Verdict:
     emitted: list[int]  # accepted tokens + the target's bonus token
 
 
-def tree_inputs(sequence: Sequence, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def tree_inputs(sequence: Sequence, tree: DraftTree) -> tuple[list[int], list[int], torch.Tensor | None]:
     """Token ids [1+n], positions [1+n] and the [1+n, 1+n] attention mask (None for a chain: causal)."""
-    device = sequence.cache.keys.device
-    token_ids = torch.tensor([sequence.root_token, *tree.tokens], device=device)
+    token_ids = [sequence.root_token, *tree.tokens]
     start = sequence.cache.length
-    positions = torch.tensor([start, *(start + d for d in tree.depths)], device=device)
+    positions = [start, *(start + d for d in tree.depths)]
     if tree.is_chain:
         return token_ids, positions, None
+    device = sequence.cache.device
     mask = torch.zeros(1 + tree.num_nodes, 1 + tree.num_nodes, dtype=torch.bool, device=device)
     mask[:, 0] = True  # every node sees the root
     mask[1:, 1:] = torch.tensor(tree.ancestor_mask(), dtype=torch.bool, device=device)

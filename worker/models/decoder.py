@@ -1,7 +1,9 @@
 """One decoder for the Llama, Qwen2 and Qwen3 families, in plain PyTorch.
 
 Parameter names match Hugging Face checkpoints, so a state dict loads without renaming.
-The forward runs one sequence (batch 1): the worker's scheduler steps one lane at a time.
+A forward runs the new rows of one or several lanes (`LaneRows`) at once: the linear layers see
+every row of the step in one product, attention runs over each lane's own K/V (its cache, its
+length, its causal or tree mask), and logits are computed only for the rows that choose tokens.
 
 A decoder built in fast weight formats (fast_weights.py) has q/k/v fused into one `qkv_proj` and
 gate/up into one `gate_up_proj`: one kernel call instead of three (two) per layer, which on a
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,17 @@ from worker.models.planned_linear import PlannedLinear
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.models.row_plan import FormatSelector, RowPlan
+
+
+class LaneCache(Protocol):
+    """What a forward needs of a lane's cache: KVCache, or the pool's PagedKVCache."""
+
+    length: int
+    max_tokens: int
+
+    def layer_kv(
+        self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class RMSNorm(nn.Module):
@@ -106,6 +120,23 @@ class Attention(nn.Module):
         out = grouped_attention(q, layer_keys[:, :end], layer_values[:, :end], mask)  # [heads, T, head_dim]
         return self.o_proj.forward(out.transpose(0, 1).reshape(num_tokens, -1))
 
+    def forward_lanes(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, spans: list[_Span]):
+        """Rows of several lanes ([R, hidden], lane by lane): one q/k/v and one o product for all,
+        attention per lane over its own K/V (ragged lengths, each lane its own mask)."""
+        cache = spans[0].cache
+        if len(spans) == 1 and isinstance(cache, KVCache):  # one lane in its own buffer: the plain path
+            return self.forward(x, cos, sin, cache.keys[layer], cache.values[layer], spans[0].start, spans[0].mask)
+        num_rows = x.shape[0]
+        q, k, v = self.rotated_qkv(x, cos, sin)  # [heads, R, d], [kv_heads, R, d], [R, kv_heads, d]
+        v = v.transpose(0, 1)  # [kv_heads, R, d]
+        outs = []
+        for span in spans:
+            rows = slice(span.first_row, span.end_row)
+            keys, values = span.cache.layer_kv(layer, span.start, k[:, rows], v[:, rows])
+            outs.append(grouped_attention(q[:, rows], keys, values, span.mask))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [heads, R, d]
+        return self.o_proj.forward(out.transpose(0, 1).reshape(num_rows, -1))
+
 
 def grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
@@ -166,6 +197,10 @@ class DecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
+    def forward_lanes(self, x, cos, sin, layer: int, spans: list[_Span]) -> torch.Tensor:
+        x = x + self.self_attn.forward_lanes(self.input_layernorm.forward(x), cos, sin, layer, spans)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+
 
 class DecoderBody(nn.Module):
     """The `model.*` part of a checkpoint: embeddings, layers, final norm."""
@@ -175,6 +210,32 @@ class DecoderBody(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+@dataclass(slots=True)
+class LaneRows:
+    """One lane's new rows in a forward: they follow the lane's committed tokens in `cache`."""
+
+    token_ids: list[int]
+    positions: list[int]
+    cache: LaneCache
+    tree_mask: torch.Tensor | None = None  # [T, T] bool: may new token i attend to new token j (None: causal)
+    num_logits: int | None = None  # logits for the last n rows only (None: all, 0: none)
+
+
+@dataclass(slots=True)
+class _Span:
+    """Where a lane's rows sit in the step's rows, and what its attention reads."""
+
+    cache: LaneCache
+    start: int  # the lane's committed length: its new K/V go to slots [start, start + num_rows)
+    first_row: int
+    num_rows: int
+    mask: torch.Tensor | None  # [T, start + T] or None (one row sees everything)
+
+    @property
+    def end_row(self) -> int:
+        return self.first_row + self.num_rows
 
 
 @dataclass(slots=True)
@@ -249,24 +310,66 @@ class Decoder(nn.Module):
         The cache length is not advanced: the caller commits what it keeps (see KVCache.commit).
         Without `tree_mask` the new tokens attend causally among themselves.
         """
+        lane = LaneRows(token_ids.tolist(), positions.tolist(), cache, tree_mask, num_logits)
+        return self.forward_lanes([lane], hidden_layers, want_final_hidden)[0]
+
+    @torch.inference_mode()
+    def forward_lanes(
+        self, lanes: Sequence[LaneRows], hidden_layers: Sequence[int] = (), want_final_hidden: bool = False
+    ) -> list[ForwardOutput]:
+        """One forward over the new rows of every lane; one ForwardOutput per lane, in order."""
         if self.selector is not None:  # a forward without logits only fills the cache: see FormatSelector
-            self.selector.filling_cache = num_logits == 0
+            self.selector.filling_cache = all(lane.num_logits == 0 for lane in lanes)
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = RotaryEmbedding(self.config, self.dtype, self.device)
-        start, num_tokens = cache.length, token_ids.shape[0]
-        assert start + num_tokens <= cache.max_tokens, "KV cache overflow: caller must check context length"
-        cos, sin = self.rotary(positions)
-        mask = self._attention_mask(start, num_tokens, tree_mask)
+        spans = self._spans(lanes)
+        token_ids = [token for lane in lanes for token in lane.token_ids]
+        positions = [position for lane in lanes for position in lane.positions]
+        cos, sin = self.rotary(torch.tensor(positions, device=self.device))
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
-        x = self.model.embed_tokens(token_ids)  # [T, hidden]
+        x = self.model.embed_tokens(torch.tensor(token_ids, device=self.device))  # [R, hidden]
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache.keys[index], cache.values[index], start, mask)
+            assert isinstance(layer, DecoderLayer)
+            x = layer.forward_lanes(x, cos, sin, index, spans)
             if index in wanted:
                 hidden[index] = x
         x = self.model.norm(x)
-        tail = x if num_logits is None else x[x.shape[0] - num_logits :]
-        return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
+        logits_by_lane = self._logits(x, lanes, spans)
+        outputs = []
+        for span, logits in zip(spans, logits_by_lane, strict=True):
+            rows = slice(span.first_row, span.end_row)
+            lane_hidden = {layer: h[rows] for layer, h in hidden.items()}
+            outputs.append(ForwardOutput(logits, lane_hidden, x[rows] if want_final_hidden else None))
+        return outputs
+
+    def _spans(self, lanes: Sequence[LaneRows]) -> list[_Span]:
+        spans, first_row = [], 0
+        for lane in lanes:
+            start, num_rows = lane.cache.length, len(lane.token_ids)
+            assert num_rows == len(lane.positions) and num_rows > 0, (num_rows, len(lane.positions))
+            assert start + num_rows <= lane.cache.max_tokens, "KV cache overflow: caller must check context length"
+            spans.append(
+                _Span(lane.cache, start, first_row, num_rows, self._attention_mask(start, num_rows, lane.tree_mask))
+            )
+            first_row += num_rows
+        return spans
+
+    def _logits(self, x: torch.Tensor, lanes: Sequence[LaneRows], spans: list[_Span]) -> list[torch.Tensor]:
+        """Each lane's logits rows [num_logits, vocab], from one lm_head product over the rows that need them."""
+        ranges = []
+        for lane, span in zip(lanes, spans, strict=True):
+            count = span.num_rows if lane.num_logits is None else lane.num_logits
+            ranges.append((span.end_row - count, span.end_row))
+        counts = [end - begin for begin, end in ranges]
+        if len(ranges) == 1:
+            begin, end = ranges[0]
+            return [self.lm_head(x[begin:end])]
+        rows = [row for begin, end in ranges for row in range(begin, end)]
+        logits = (
+            self.lm_head(x[torch.tensor(rows, device=x.device)]) if rows else x.new_empty(0, self.config.vocab_size)
+        )
+        return list(logits.split(counts))
 
     def _attention_mask(self, start: int, num_tokens: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """[T, start + T] bool: every new token sees the committed prefix, and among the new tokens

@@ -21,6 +21,10 @@ class KVCache:
         self.length = 0  # committed tokens
 
     @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    @property
     def num_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()
 
@@ -39,6 +43,30 @@ class KVCache:
         assert all(0 <= i < num_new for i in accepted), (accepted, num_new)
         move_accepted_slots(self.keys, self.values, start, accepted)
         self.length = start + len(accepted)
+
+    def layer_kv(
+        self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new K/V ([kv_heads, T, d] each) at slots [start, start+T); return views of the
+        layer's slots [0, start+T) (the interface worker.engine.kv_pool.PagedKVCache shares)."""
+        end = start + keys.shape[1]
+        self.keys[layer, :, start:end] = keys
+        self.values[layer, :, start:end] = values
+        return self.keys[layer, :, :end], self.values[layer, :, :end]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return 0  # preallocated
+
+    def reserve(self, num_tokens: int) -> None:
+        assert num_tokens <= self.max_tokens, "KV cache overflow: caller must check context length"
+
+    def release(self) -> None:
+        self.length = 0
+
+    def prefix_kv(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the first `num_tokens` committed tokens' K/V ([layers, kv_heads, n, head_dim] each)."""
+        assert 0 < num_tokens <= self.length, (num_tokens, self.length)
+        return self.keys[:, :, :num_tokens].clone(), self.values[:, :, :num_tokens].clone()
 
     def truncate(self, length: int) -> None:
         assert 0 <= length <= self.length

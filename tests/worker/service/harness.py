@@ -30,7 +30,7 @@ def service_config(redis_url: str, **overrides: Any) -> ServiceConfig:
         redis_url=redis_url,
         max_lanes=4,
         max_context=512,
-        max_prefill_chunk=32,
+        max_batch_tokens=32,
         heartbeat_interval_s=0.2,
         heartbeat_ttl_s=1.0,
         drain_grace_s=10.0,

@@ -76,7 +76,9 @@ def test_each_tree_node_gets_the_logits_of_its_path_verified_as_a_chain(family, 
     assert not tree.is_chain
     sequence = prefilled(model_)
     token_ids, positions, mask = tree_inputs(sequence, tree)
-    logits = model_.decoder(token_ids, positions, copy_prefix(model_, sequence.cache), tree_mask=mask).logits
+    logits = model_.decoder(
+        torch.tensor(token_ids), torch.tensor(positions), copy_prefix(model_, sequence.cache), tree_mask=mask
+    ).logits
     torch.testing.assert_close(logits[0], chain_logits(model_, sequence, [sequence.root_token]), rtol=0, atol=1e-5)
     for node in range(tree.num_nodes):
         path = [sequence.root_token] + [tree.tokens[i] for i in tree.path_to(node)]
@@ -90,7 +92,7 @@ def test_committing_an_accepted_path_leaves_the_plain_decoding_cache(seed):
     tree = random_tree(rng, num_nodes=10, vocab_size=model_.config.vocab_size)
     sequence = prefilled(model_)
     token_ids, positions, mask = tree_inputs(sequence, tree)
-    model_.decoder(token_ids, positions, sequence.cache, tree_mask=mask)
+    model_.decoder(torch.tensor(token_ids), torch.tensor(positions), sequence.cache, tree_mask=mask)
     path = tree.path_to(max(range(tree.num_nodes), key=lambda i: (tree.depths[i], i)))  # deepest, latest
     sequence.cache.commit(1 + tree.num_nodes, [0] + [node + 1 for node in path])
     accepted = PROMPT + [tree.tokens[i] for i in path]

@@ -36,6 +36,21 @@ class HybridCache:
         self.length = 0  # committed tokens
 
     @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return 0  # preallocated: a hybrid lane's memory is its admission cost (bytes_for)
+
+    def reserve(self, num_tokens: int) -> None:
+        assert num_tokens <= self.max_tokens, "KV cache overflow: caller must check context length"
+
+    def release(self) -> None:
+        """Back to no tokens at all (a preempted lane is prefilled again from its first token)."""
+        self.recurrent.load(torch.zeros_like(self.recurrent.conv_tails), torch.zeros_like(self.recurrent.delta_states))
+        self.length = 0
+
+    @property
     def num_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size() + self.recurrent.num_bytes
 

@@ -1,0 +1,185 @@
+"""The KV pool: every lane's K/V in one pair of tensors, handed out in fixed-size blocks.
+
+    keys, values: [layers, kv_heads, num_blocks * block_tokens, head_dim]
+
+Slot s of the pool belongs to block s // block_tokens. A lane's `PagedKVCache` holds a block
+table; its token t lives in slot `block_ids[t // B] * B + t % B`. Memory is one setting
+(ARBOR_KV_CACHE_BYTES): a lane takes blocks as it grows, not a full-context buffer up front, so
+the number of lanes is bounded by the tokens they really hold.
+
+Reading a lane's K/V for attention: where its blocks are consecutive (the allocator's first
+choice) the lane's slots are one slice of the pool, read in place; otherwise one `index_select`
+per layer gathers them (~4 us for 128 tokens on the 2-core CPU, a tenth of the attention itself).
+Verification's scratch rows are slots past the lane's length, in blocks it already holds; commit
+moves the accepted ones into place as KVCache.commit does, through the block table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.engine.block_allocator import BlockAllocator, OutOfBlocks
+from worker.models.config import ModelConfig
+
+__all__ = ["KVPool", "OutOfBlocks", "PagedKVCache", "new_pool"]
+
+DEFAULT_BLOCK_TOKENS = 32  # the prefill cache's block (worker.prefix_cache): a cached prefix is whole blocks
+DEFAULT_MAX_KV_CACHE_BYTES = 2 << 30
+
+
+def new_pool(decoder: object, num_bytes: int, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> KVPool | None:
+    """A pool of `num_bytes` for `decoder`'s K/V; None for a hybrid model (its lanes keep their
+    own caches: recurrent state besides K/V, sized when a lane starts)."""
+    from worker.models.decoder import Decoder
+
+    if not isinstance(decoder, Decoder):
+        return None
+    block_bytes = KVPool.block_bytes(decoder.config, block_tokens, decoder.dtype)
+    num_blocks = max(num_bytes // block_bytes, 1)
+    return KVPool(decoder.config, num_blocks, block_tokens, decoder.dtype, decoder.device)
+
+
+class KVPool:
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_tokens: int, dtype: torch.dtype, device: torch.device | str
+    ):
+        shape = (config.num_hidden_layers, config.num_key_value_heads, num_blocks * block_tokens, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_tokens = block_tokens
+        self.allocator = BlockAllocator(num_blocks)
+        self._offsets = torch.arange(block_tokens, device=device)
+
+    @staticmethod
+    def block_bytes(config: ModelConfig, block_tokens: int, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * block_tokens * element
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_tokens)
+
+    def new_cache(self, max_tokens: int) -> PagedKVCache:
+        return PagedKVCache(self, max_tokens)
+
+    def slot_ids(self, block_ids: list[int]) -> torch.Tensor:
+        blocks = torch.tensor(block_ids, device=self.device)
+        return (blocks[:, None] * self.block_tokens + self._offsets).flatten()  # [len(block_ids) * B]
+
+
+class PagedKVCache:
+    """One lane's view of the pool: its block table and committed length (KVCache's interface)."""
+
+    def __init__(self, pool: KVPool, max_tokens: int):
+        self.pool = pool
+        self.max_tokens = max_tokens  # the most the lane may ever hold (context + scratch)
+        self.length = 0  # committed tokens
+        self.block_ids: list[int] = []
+        self._slots: torch.Tensor | None = None  # slot of each token the blocks can hold
+        self._first_slot: int | None = None  # where the blocks are consecutive: the first one's slot
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.device
+
+    @property
+    def num_bytes(self) -> int:
+        pool = self.pool
+        return len(self.block_ids) * pool.block_tokens * pool.keys[:, :, :1].numel() * 2 * pool.keys.element_size()
+
+    @property
+    def capacity(self) -> int:
+        return len(self.block_ids) * self.pool.block_tokens
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks to take before slots [0, num_tokens) all exist."""
+        return max(self.pool.blocks_for(num_tokens) - len(self.block_ids), 0)
+
+    def reserve(self, num_tokens: int) -> None:
+        """Take the blocks slots [0, num_tokens) need (raises OutOfBlocks, holding nothing new)."""
+        assert num_tokens <= self.max_tokens, (num_tokens, self.max_tokens)
+        needed = self.blocks_needed(num_tokens)
+        if needed == 0:
+            return
+        after = self.block_ids[-1] if self.block_ids else None
+        self.block_ids += self.pool.allocator.allocate(needed, after)
+        self._table_changed()
+
+    def release(self) -> None:
+        """Give every block back; the lane holds nothing and must be prefilled again."""
+        self.pool.allocator.free(self.block_ids)
+        self.block_ids = []
+        self.length = 0
+        self._table_changed()
+
+    def layer_kv(
+        self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new K/V ([kv_heads, T, d] each) at tokens [start, start+T); return the layer's
+        K/V for tokens [0, start+T) ([kv_heads, start+T, d] each)."""
+        end = start + keys.shape[1]
+        pool_keys, pool_values = self.pool.keys[layer], self.pool.values[layer]
+        first = self._first_slot
+        if first is not None:  # consecutive blocks: slices of the pool
+            pool_keys[:, first + start : first + end] = keys
+            pool_values[:, first + start : first + end] = values
+            return pool_keys[:, first : first + end], pool_values[:, first : first + end]
+        slots = self._slots
+        assert slots is not None and end <= slots.shape[0], "reserve() the lane's blocks before a forward"
+        new = slots[start:end]
+        pool_keys.index_copy_(1, new, keys)
+        pool_values.index_copy_(1, new, values)
+        read = slots[:end]
+        return pool_keys.index_select(1, read), pool_values.index_select(1, read)
+
+    def commit(self, num_new: int, accepted: list[int] | None = None) -> None:
+        """As KVCache.commit: scratch tokens `length + accepted[i]` become tokens `length + i`."""
+        start = self.length
+        if accepted is None:
+            accepted = list(range(num_new))
+        assert all(0 <= i < num_new for i in accepted), (accepted, num_new)
+        if accepted != list(range(len(accepted))):
+            slots = self._slots
+            assert slots is not None
+            source = slots[torch.tensor(accepted, device=self.device) + start]
+            target = slots[start : start + len(accepted)]
+            for tensor in (self.pool.keys, self.pool.values):
+                tensor[:, :, target] = tensor[:, :, source]
+        self.length = start + len(accepted)
+
+    def truncate(self, length: int) -> None:
+        assert 0 <= length <= self.length
+        self.length = length
+
+    def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Install a cached prefix ([layers, kv_heads, n, head_dim] each) as the committed tokens."""
+        num_tokens = keys.shape[2]
+        self.reserve(num_tokens)
+        assert self._slots is not None
+        slots = self._slots[:num_tokens]
+        self.pool.keys[:, :, slots] = keys
+        self.pool.values[:, :, slots] = values
+        self.length = num_tokens
+
+    def prefix_kv(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the first `num_tokens` committed tokens' K/V ([layers, kv_heads, n, head_dim] each)."""
+        assert 0 < num_tokens <= self.length, (num_tokens, self.length)
+        assert self._slots is not None
+        slots = self._slots[:num_tokens]
+        return self.pool.keys[:, :, slots], self.pool.values[:, :, slots]
+
+    def _table_changed(self) -> None:
+        blocks = self.block_ids
+        if not blocks:
+            self._slots, self._first_slot = None, None
+            return
+        consecutive = blocks == list(range(blocks[0], blocks[0] + len(blocks)))
+        self._first_slot = blocks[0] * self.pool.block_tokens if consecutive else None
+        self._slots = self.pool.slot_ids(blocks)
