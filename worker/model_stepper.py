@@ -16,13 +16,13 @@ import torch
 
 from shared.sampling import SamplingParams
 from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
-from worker.engine.kv_pool import KVPool
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
 from worker.engine.runner import LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.heartbeat import WorkerCounters
 from worker.models.hybrid.decoder import HybridDecoder
+from worker.models.kv_pool import KVPool
 from worker.prefix_cache import PrefixCache
 from worker.scheduler import LaneWorkItem
 from worker.serving_model import verify_rows

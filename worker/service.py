@@ -40,11 +40,11 @@ from shared.protocol import parse_control
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
-from worker.engine.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES, new_pool
 from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
 from worker.intake import Intake
 from worker.jobs import JobSpec
 from worker.model_stepper import ModelStepper
+from worker.models.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES, new_pool
 from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.prefix_cache import PrefixCache
 from worker.publisher import Publisher

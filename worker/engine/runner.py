@@ -26,11 +26,11 @@ import torch
 from shared.sampling import SamplingParams
 from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
-from worker.engine.kv_pool import KVPool
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
+from worker.models.kv_pool import KVPool
 from worker.speculation.tree import DraftTree
 
 EMPTY_TREE = DraftTree([], [], [])

@@ -14,9 +14,9 @@ import torch
 
 from shared.sampling import SamplingParams
 from worker.engine.grammar_constraint import GrammarConstraint
-from worker.engine.kv_pool import PagedKVCache
 from worker.engine.stats import SpecStats
 from worker.models.kv_cache import KVCache
+from worker.models.kv_pool import PagedKVCache
 
 
 @dataclass(slots=True)

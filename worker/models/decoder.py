@@ -22,11 +22,14 @@ from torch import nn
 
 from worker.models.config import ModelConfig
 from worker.models.kv_cache import KVCache
+from worker.models.kv_pool import PackedRows, PagedKVCache
 from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.models.row_plan import FormatSelector, RowPlan
+
+MIN_PACKED_LANES = 2
 
 
 class LaneCache(Protocol):
@@ -120,21 +123,43 @@ class Attention(nn.Module):
         out = grouped_attention(q, layer_keys[:, :end], layer_values[:, :end], mask)  # [heads, T, head_dim]
         return self.o_proj.forward(out.transpose(0, 1).reshape(num_tokens, -1))
 
-    def forward_lanes(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, spans: list[_Span]):
+    def forward_lanes(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: int,
+        spans: list[_Span],
+        packed: PackedRows | None = None,
+    ) -> torch.Tensor:
         """Rows of several lanes ([R, hidden], lane by lane): one q/k/v and one o product for all,
         attention per lane over its own K/V (ragged lengths, each lane its own mask)."""
         cache = spans[0].cache
-        if len(spans) == 1 and isinstance(cache, KVCache):  # one lane in its own buffer: the plain path
+        if (
+            len(spans) == 1 and isinstance(cache, KVCache) and packed is None
+        ):  # one lane in its own buffer: the plain path
             return self.forward(x, cos, sin, cache.keys[layer], cache.values[layer], spans[0].start, spans[0].mask)
         num_rows = x.shape[0]
         q, k, v = self.rotated_qkv(x, cos, sin)  # [heads, R, d], [kv_heads, R, d], [R, kv_heads, d]
         v = v.transpose(0, 1)  # [kv_heads, R, d]
-        outs = []
+        outs: list[torch.Tensor | None] = []
         for span in spans:
+            if packed is not None and span.packed:
+                outs.append(None)
+                continue
             rows = slice(span.first_row, span.end_row)
             keys, values = span.cache.layer_kv(layer, span.start, k[:, rows], v[:, rows])
             outs.append(grouped_attention(q[:, rows], keys, values, span.mask))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [heads, R, d]
+        if packed is None:
+            out = torch.cat([o for o in outs if o is not None], dim=1) if len(outs) > 1 else outs[0]
+        else:
+            picked = packed.rows
+            out = q.new_empty(q.shape)  # [heads, R, d]
+            out[:, picked] = packed.attend(layer, q[:, picked], k[:, picked], v[:, picked])
+            for span, lane_out in zip(spans, outs, strict=True):
+                if lane_out is not None:
+                    out[:, span.first_row : span.end_row] = lane_out
+        assert out is not None
         return self.o_proj.forward(out.transpose(0, 1).reshape(num_rows, -1))
 
 
@@ -197,8 +222,8 @@ class DecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
-    def forward_lanes(self, x, cos, sin, layer: int, spans: list[_Span]) -> torch.Tensor:
-        x = x + self.self_attn.forward_lanes(self.input_layernorm.forward(x), cos, sin, layer, spans)
+    def forward_lanes(self, x, cos, sin, layer: int, spans: list[_Span], packed: PackedRows | None) -> torch.Tensor:
+        x = x + self.self_attn.forward_lanes(self.input_layernorm.forward(x), cos, sin, layer, spans, packed)
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
@@ -232,6 +257,7 @@ class _Span:
     first_row: int
     num_rows: int
     mask: torch.Tensor | None  # [T, start + T] or None (one row sees everything)
+    packed: bool = False  # its one row's attention runs with the step's other one-row lanes (PackedRows)
 
     @property
     def end_row(self) -> int:
@@ -243,6 +269,22 @@ class ForwardOutput:
     logits: torch.Tensor  # [num_logits, vocab]
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer index -> [T, hidden] (output of that layer)
     final_hidden: torch.Tensor | None = None  # [T, hidden], after the final norm
+
+
+def _packed_rows(spans: list[_Span]) -> PackedRows | None:
+    """The step's one-row lanes in a block pool, to attend together (two or more of them)."""
+    singles = [(span, span.cache) for span in spans if span.num_rows == 1 and isinstance(span.cache, PagedKVCache)]
+    if len(singles) < MIN_PACKED_LANES:
+        return None
+    caches: list[PagedKVCache] = []
+    rows: list[int] = []
+    pool = singles[0][1].pool
+    for span, cache in singles:
+        if cache.pool is pool:
+            span.packed = True
+            caches.append(cache)
+            rows.append(span.first_row)
+    return PackedRows(pool, caches, rows)
 
 
 class Decoder(nn.Module):
@@ -323,6 +365,7 @@ class Decoder(nn.Module):
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = RotaryEmbedding(self.config, self.dtype, self.device)
         spans = self._spans(lanes)
+        packed = _packed_rows(spans)
         token_ids = [token for lane in lanes for token in lane.token_ids]
         positions = [position for lane in lanes for position in lane.positions]
         cos, sin = self.rotary(torch.tensor(positions, device=self.device))
@@ -331,7 +374,7 @@ class Decoder(nn.Module):
         x = self.model.embed_tokens(torch.tensor(token_ids, device=self.device))  # [R, hidden]
         for index, layer in enumerate(self.model.layers):
             assert isinstance(layer, DecoderLayer)
-            x = layer.forward_lanes(x, cos, sin, index, spans)
+            x = layer.forward_lanes(x, cos, sin, index, spans, packed)
             if index in wanted:
                 hidden[index] = x
         x = self.model.norm(x)

@@ -48,7 +48,7 @@ class KVCache:
         self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new K/V ([kv_heads, T, d] each) at slots [start, start+T); return views of the
-        layer's slots [0, start+T) (the interface worker.engine.kv_pool.PagedKVCache shares)."""
+        layer's slots [0, start+T) (the interface worker.models.kv_pool.PagedKVCache shares)."""
         end = start + keys.shape[1]
         self.keys[layer, :, start:end] = keys
         self.values[layer, :, start:end] = values

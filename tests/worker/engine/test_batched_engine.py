@@ -15,10 +15,10 @@ import pytest
 from shared.sampling import SamplingParams
 from tests.worker.speculation.test_lossless import FAMILIES, MODES, decode, loaded, make_prompts, runner_for
 from worker.drafters.prompt_lookup import PromptLookupDrafter
-from worker.engine.kv_pool import KVPool
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.model_stepper import LaneStart, ModelStepper
+from worker.models.kv_pool import KVPool
 from worker.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 
 NUM_LANES = 12

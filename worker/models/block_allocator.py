@@ -1,6 +1,6 @@
 """Which blocks of the KV pool are free, and how many holders each used block has. Torch-free.
 
-A block is `block_tokens` consecutive slots of the pool (worker/engine/kv_pool.py). A lane holds
+A block is `block_tokens` consecutive slots of the pool (worker/models/kv_pool.py). A lane holds
 the blocks its tokens live in; a block may have several holders (a prefix shared by reference),
 and goes back to the free list when its last holder lets go.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine.block_allocator import BlockAllocator, OutOfBlocks
+from worker.models.block_allocator import BlockAllocator, OutOfBlocks
 from worker.models.config import ModelConfig
 
 __all__ = ["KVPool", "OutOfBlocks", "PagedKVCache", "new_pool"]
@@ -183,3 +183,49 @@ class PagedKVCache:
         consecutive = blocks == list(range(blocks[0], blocks[0] + len(blocks)))
         self._first_slot = blocks[0] * self.pool.block_tokens if consecutive else None
         self._slots = self.pool.slot_ids(blocks)
+
+
+class PackedRows:
+    """Lanes of one pool with one new row each (plain decoding's step): their attention in one
+    set of ops for all of them instead of one per lane. Per-lane attention costs ~10 small ops a
+    lane a layer, ~4,800 calls a step for 16 lanes of a 30-layer model: on the 2-core CPU that
+    was a quarter of the step.
+
+    Each lane's K/V are gathered into a padded [kv_heads, lanes, S, d] block (S: the longest
+    lane), the padding masked out; the index is built once per step and serves every layer.
+    """
+
+    def __init__(self, pool: KVPool, caches: list[PagedKVCache], rows: list[int]):
+        lengths = [cache.length + 1 for cache in caches]  # each lane's keys once its new row is in
+        longest = max(lengths)
+        device = pool.device
+        self.pool = pool
+        self.rows = torch.tensor(rows, device=device)  # [B]: their rows in the step
+        read = torch.zeros(len(caches), longest, dtype=torch.long, device=device)
+        for lane, (cache, length) in enumerate(zip(caches, lengths, strict=True)):
+            assert cache._slots is not None and length <= cache._slots.shape[0], "reserve() before a forward"
+            read[lane, :length] = cache._slots[:length]
+        self.write = read[torch.arange(len(caches), device=device), torch.tensor(lengths, device=device) - 1]  # [B]
+        self.read = read.flatten()  # [B * S]
+        positions = torch.arange(longest, device=device)
+        self.valid = positions[None, :] < torch.tensor(lengths, device=device)[:, None]  # [B, S]
+        self.shape = (len(caches), longest)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [heads, B, d], k/v [kv_heads, B, d] (the lanes' new rows) -> attention output [heads, B, d]."""
+        pool_keys, pool_values = self.pool.keys[layer], self.pool.values[layer]
+        pool_keys.index_copy_(1, self.write, k)
+        pool_values.index_copy_(1, self.write, v)
+        num_lanes, longest = self.shape
+        num_heads, _, head_dim = q.shape
+        num_kv_heads = k.shape[0]
+        group = num_heads // num_kv_heads
+        keys = pool_keys.index_select(1, self.read).view(num_kv_heads, num_lanes, longest, head_dim)
+        values = pool_values.index_select(1, self.read).view(num_kv_heads, num_lanes, longest, head_dim)
+        queries = q.reshape(num_kv_heads, group, num_lanes, head_dim).transpose(1, 2)  # [kv, B, G, d]
+        scores = torch.matmul(queries, keys.transpose(2, 3)) * head_dim**-0.5  # [kv, B, G, S]
+        scores = scores.masked_fill(~self.valid[None, :, None, :], float("-inf"))
+        compute = torch.promote_types(q.dtype, torch.float32)
+        probs = torch.softmax(scores.to(compute), dim=-1).to(q.dtype)
+        out = torch.matmul(probs, values)  # [kv, B, G, d]
+        return out.transpose(1, 2).reshape(num_heads, num_lanes, head_dim)
