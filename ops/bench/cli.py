@@ -167,7 +167,12 @@ def _add_pool_parser(commands) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "float64", "bfloat16"],
+        default="float32",
+        help="activations (auto: as the server runs by default, fast weight formats)",
+    )
     parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
 
 
