@@ -97,7 +97,8 @@ def test_a_job_redelivered_while_its_first_worker_still_runs_is_streamed_once(fa
     # The first worker freezes (SIGSTOP: a long GC pause, a stalled VM) past its heartbeat TTL,
     # the other reclaims the entry, then the first wakes up still holding the job. The fence
     # (entry ownership + attempt + seq) must keep it from writing, and it must drop the job.
-    body, short = chat("Tell me everything about foxes.", max_tokens=300), chat(SHORT, 16)
+    # long enough that the batched tiny model is still streaming when the worker is frozen
+    body, short = chat("Tell me everything about foxes.", max_tokens=1200), chat(SHORT, 16)
     reference, reference_id = answer(faults, body)
     short_reference = answer(faults, short)[0]
     client = BackgroundStream(faults.base_url, body, HANG_S)
