@@ -100,6 +100,9 @@ class WorkerSettings(BaseSettings):
     kv_cache_bytes: int | None = Field(None, ge=1)
     # ARBOR_MAX_BATCH_TOKENS: rows of one step (decode rows first, then prefill chunks)
     max_batch_tokens: int = Field(256, ge=1)
+    # ARBOR_ADAPTIVE_SPECULATION: draft lengths from step costs measured at start-up and each lane's
+    # acceptance, so speculation never makes a loaded worker slower (0: always the drafter's full draft)
+    adaptive_speculation: bool = True
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
     tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (mode "tree")
     stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)

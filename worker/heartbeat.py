@@ -37,6 +37,8 @@ class WorkerCounters:
     step_rows: int = 0  # rows summed over every step
     kv_blocks_used: int = 0  # KV pool blocks held now (set after every step)
     kv_blocks_total: int = 0
+    draft_length: int = 0  # adaptive speculation's choice for the last decode step
+    lanes_speculating: int = 0  # lanes of the last decode step that drafted
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,6 +9,7 @@ cached), so the next request with the same system prompt skips it. Runs on the o
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,9 +27,13 @@ from worker.models.kv_pool import KVPool
 from worker.prefix_cache import PrefixCache
 from worker.scheduler import LaneWorkItem
 from worker.serving_model import verify_rows
+from worker.speculation.adaptive import DEFAULT_ACCEPTANCE, StepCosts, choose_draft_length, lane_acceptance
 
 log = logging.getLogger(__name__)
 NO_POOL_BLOCKS = 1 << 62  # free blocks, as the scheduler sees them, where lanes hold none
+COST_LANE_COUNTS = (1, 4, 16)  # lanes at which step costs are measured (interpolated between)
+COST_PROMPT_TOKENS = 16
+COST_PROMPT = list(range(3, 3 + COST_PROMPT_TOKENS))  # any tokens: a step's cost does not depend on them
 
 
 @dataclass(slots=True)
@@ -87,6 +92,9 @@ class ModelStepper:
         self.runner = runner
         self.pool = pool  # where the lanes' K/V live (None: a buffer per lane, sized at its start)
         self._decode_rows = verify_rows(runner.drafter)  # a decode step's rows: root + the most draft nodes
+        # Adaptive speculation (worker.speculation.adaptive): the step costs measured at start-up;
+        # None: every lane drafts all its drafter proposes.
+        self.step_costs: StepCosts | None = None
         self.prefix_cache = prefix_cache
         self.counters = counters or WorkerCounters()
         self._logprob_lanes: dict[str, LaneState] = {}  # the observer is installed only while one exists
@@ -160,6 +168,7 @@ class ModelStepper:
                 state.logprobs = []
                 works.append((index, state, LaneWork(state.sequence, item.num_prefill)))
         before = [_spec_counts(state) for _, state, _ in works]
+        self._limit_drafts([state for _, state, work in works if not work.is_prefill])
         self.runner.step([work for _, _, work in works])
         counters = self.counters
         counters.steps += 1
@@ -177,6 +186,43 @@ class ModelStepper:
                 self._count_decode(state, counts, work.emitted)
                 outcomes[index] = work.emitted
         return outcomes
+
+    def _limit_drafts(self, decoding: list[LaneState]) -> None:
+        """Each decoding lane's draft length for this step, from the measured costs at this load."""
+        costs, counters = self.step_costs, self.counters
+        if costs is None or not decoding:
+            return
+        default = lane_acceptance(counters.draft_tokens, counters.accepted_tokens, DEFAULT_ACCEPTANCE)
+        acceptances = [lane_acceptance(s.stats.draft_tokens, s.stats.accepted_tokens, default) for s in decoding]
+        draft_length = choose_draft_length(costs, acceptances)
+        for state in decoding:
+            state.sequence.draft_limit = draft_length
+        counters.draft_length = draft_length
+        counters.lanes_speculating = len(decoding) if draft_length else 0
+
+    def measure_step_costs(self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = 2) -> StepCosts | None:
+        """What a decode step costs here with n lanes drafting k tokens each (drafting included),
+        for adaptive speculation; None where there is nothing to adapt (no drafter, no pool)."""
+        pool, drafter = self.pool, self.runner.drafter
+        if pool is None or drafter is None:
+            return None
+        max_draft = self._decode_rows - 1
+        draft_lengths = sorted({0, 1, max(max_draft // 2, 1), max_draft})
+        params = SamplingParams(max_tokens=COST_PROMPT_TOKENS, ignore_eos=True)
+        per_lane = pool.blocks_for(2 * COST_PROMPT_TOKENS + self.runner.max_draft_nodes + 1)
+        seconds: dict[tuple[int, int], float] = {}
+        for num_lanes in lane_counts:
+            if num_lanes * per_lane > pool.allocator.num_free:
+                break
+            sequences = [self.runner.start(f"cost-{i}", COST_PROMPT, params, pool=pool) for i in range(num_lanes)]
+            self.runner.step([LaneWork(sequence, sequence.num_to_prefill) for sequence in sequences])
+            for draft_length in draft_lengths:
+                for sequence in sequences:
+                    sequence.draft_limit = draft_length
+                seconds[(num_lanes, draft_length)] = _best_step_s(self.runner, sequences, repeats)
+            for sequence in sequences:
+                sequence.cache.release()
+        return StepCosts(seconds) if seconds else None
 
     def prefill(self, state: LaneState, max_tokens: int) -> int:
         """One prefill chunk of this lane alone (as a step of one)."""
@@ -278,6 +324,16 @@ class ModelStepper:
         if state is None:
             return
         state.logprobs = [logprobs_of(row, token, state.num_logprobs or 0) for row, token in zip(logits, emitted)]
+
+
+def _best_step_s(runner: ModelRunner, sequences: list[Sequence], repeats: int) -> float:
+    """The fastest of `repeats` decode steps of `sequences` together (after one to warm up)."""
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        runner.step([LaneWork(sequence) for sequence in sequences])
+        times.append(time.perf_counter() - started)
+    return min(times[1:])
 
 
 def _spec_counts(state: LaneState) -> tuple[int, int, int]:

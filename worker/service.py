@@ -51,6 +51,7 @@ from worker.publisher import Publisher
 from worker.reclaim import Reclaimer
 from worker.redis_io import JobRef, RedisIO
 from worker.serving_model import ServingModel
+from worker.speculation.adaptive import StepCosts
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class ServiceConfig:
     max_context: int = 4096
     kv_cache_bytes: int | None = None  # the KV pool; None: room for every lane at full context, at most 2 GiB
     max_batch_tokens: int = 256  # rows of one step
+    adaptive_speculation: bool = True  # draft lengths from step costs measured at start-up
     prefill_cache_bytes: int = 256 * 1024 * 1024
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 5.0
@@ -104,6 +106,7 @@ class ServiceConfig:
             max_context=settings.max_context,
             kv_cache_bytes=settings.kv_cache_bytes,
             max_batch_tokens=settings.max_batch_tokens,
+            adaptive_speculation=settings.adaptive_speculation,
             prefill_cache_bytes=settings.prefill_cache_bytes,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeat_ttl_s=settings.heartbeat_ttl_s,
@@ -289,6 +292,10 @@ class WorkerService:
             config.max_lanes * ModelStepper(runner).kv_bytes(config.max_context, 0), DEFAULT_MAX_KV_CACHE_BYTES
         )
         stepper = ModelStepper(runner, cache, self.counters, new_pool(runner.decoder, kv_cache_bytes))
+        if config.adaptive_speculation:
+            stepper.step_costs = stepper.measure_step_costs()
+            if stepper.step_costs is not None:
+                log.info("decode step costs (lanes, draft tokens) -> ms: %s", _costs_ms(stepper.step_costs))
         owner_config = OwnerConfig(
             config.worker_id, config.speculation, config.max_lanes, kv_cache_bytes, config.max_batch_tokens
         )
@@ -505,3 +512,7 @@ def _resolve(future: asyncio.Future, value: object) -> None:
 def _fail_future(future: asyncio.Future, error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
+
+
+def _costs_ms(costs: StepCosts) -> str:
+    return ", ".join(f"{lanes},{k}: {seconds * 1000:.1f}" for (lanes, k), seconds in sorted(costs.seconds.items()))

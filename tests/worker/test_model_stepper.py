@@ -54,7 +54,7 @@ def assert_same_drafter_context(mode: str, warm, cold, num_tokens: int) -> None:
     elif mode == "mtp":
         assert warm.cache.length == cold.cache.length == num_tokens
         torch.testing.assert_close(warm.cache.keys[:, :, :num_tokens], cold.cache.keys[:, :, :num_tokens])
-        torch.testing.assert_close(warm.next_logits, cold.next_logits)
+        torch.testing.assert_close(warm.next_hidden, cold.next_hidden)
 
 
 @pytest.mark.parametrize("mode", ["none", "ngram", "mtp", "dflash", "tree"])

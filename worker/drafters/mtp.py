@@ -77,7 +77,6 @@ class MtpState:
     cache: KVCache  # one layer; slot t holds the pair (h_t, x_{t+1}) for every committed t
     target_hidden: torch.Tensor  # [max_tokens, hidden]: h_t for every committed t (prefix snapshots need it)
     next_hidden: torch.Tensor | None = None  # [hidden] normed head output for the last pair: step 1's g
-    next_logits: torch.Tensor | None = None  # [draft vocab] its prediction of the token after the root
     num_observed: int = 0  # committed tokens whose h_t is in target_hidden
 
 
@@ -121,21 +120,20 @@ class MtpDrafter:
         state.cache.commit(len(next_ids))
         state.target_hidden[committed.start : committed.start + len(next_ids)] = hidden
         state.num_observed = committed.start + len(next_ids)
-        state.next_hidden = out[-1]
-        state.next_logits = self.vocabulary.logits(out[-1])
+        state.next_hidden = out[-1]  # its logits wait for propose: a step that does not draft skips the head
 
     @torch.inference_mode()
     def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
         """Chain num_draft steps; steps after the first write scratch slots past the committed length."""
-        if state.next_logits is None:  # nothing committed yet (a one-token prompt)
+        hidden = state.next_hidden
+        if hidden is None:  # nothing committed yet (a one-token prompt)
             return None
         vocabulary = self.vocabulary
-        tokens = [int(vocabulary.to_target(state.next_logits.argmax()))]
-        hidden = state.next_hidden
-        assert hidden is not None  # set with next_logits
+        tokens = [int(vocabulary.to_target(vocabulary.logits(hidden).argmax()))]
         position = state.cache.length
         device = hidden.device
-        for _ in range(self.num_draft - 1):
+        num_draft = self.num_draft if sequence.draft_limit is None else min(self.num_draft, sequence.draft_limit)
+        for _ in range(num_draft - 1):
             out = self._run(state.cache, torch.tensor([tokens[-1]], device=device), hidden[None], position)
             hidden = out[0]
             tokens.append(int(vocabulary.to_target(vocabulary.logits(hidden).argmax())))
@@ -175,8 +173,7 @@ class MtpDrafter:
         token_ids = torch.tensor([sequence.token_ids[num_tokens]], device=last_hidden.device)  # x_N
         out = self._run(state.cache, token_ids, last_hidden, num_pairs)
         state.cache.commit(1)
-        state.next_hidden = out[-1]
-        state.next_logits = self.vocabulary.logits(out[-1])
+        state.next_hidden = out[-1]  # its logits wait for propose: a step that does not draft skips the head
         return state
 
     def _target_hidden(self, committed: TargetStates) -> torch.Tensor:

@@ -271,13 +271,14 @@ class ModelRunner:
         return keys, values, snapshot
 
     def _propose(self, sequence: Sequence) -> DraftTree:
-        if self.drafter is None:
+        limit = sequence.draft_limit
+        if self.drafter is None or limit == 0:
             return EMPTY_TREE
         tree = self.drafter.propose(sequence.drafter_state, sequence)
         if tree is None:
             return EMPTY_TREE
         assert tree.num_nodes <= self.max_draft_nodes, (tree.num_nodes, self.max_draft_nodes)
-        return tree
+        return tree if limit is None else tree.truncated(limit)
 
     def _forward(self, rows: list[LaneRows]) -> list[ForwardOutput]:
         decoder, drafter = self.decoder, self.drafter

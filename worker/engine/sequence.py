@@ -32,6 +32,7 @@ class Sequence:
     finish_reason: Literal["stop", "length"] | None = None  # set by the runner or the text pipeline
     stop_ids: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignore_eos) and stop_token_ids
     constraint: GrammarConstraint | None = None  # a structured output's progress (params.structured)
+    draft_limit: int | None = None  # draft nodes its next decode step may verify (None: the drafter's all)
 
     @property
     def token_ids(self) -> list[int]:

@@ -49,6 +49,12 @@ class DraftTree:
     def num_nodes(self) -> int:
         return len(self.tokens)
 
+    def truncated(self, num_nodes: int) -> DraftTree:
+        """The first `num_nodes` nodes: still a tree (topological order), the drafter's best first."""
+        if num_nodes >= self.num_nodes:
+            return self
+        return DraftTree(self.tokens[:num_nodes], self.parents[:num_nodes], self.depths[:num_nodes])
+
     @property
     def is_chain(self) -> bool:
         # In topological order a path has each node's parent right before it.

@@ -20,6 +20,7 @@ from worker.engine.stats import SpecStats
 from worker.model_stepper import LaneStart, ModelStepper
 from worker.models.kv_pool import KVPool
 from worker.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
+from worker.speculation.adaptive import StepCosts
 
 NUM_LANES = 12
 BLOCK_TOKENS = 8
@@ -47,12 +48,13 @@ def run_batched(
     max_batch_tokens: int = 64,
     max_lanes: int = 8,
     join_every: int = 2,
+    make_stepper=lambda runner, pool: ModelStepper(runner, pool=pool),
 ) -> tuple[dict[str, list[int] | Exception], KVPool, Scheduler, list[int]]:
     """Lanes join one every `join_every` steps; returns each one's output (or error), the pool,
     the scheduler and the number of lanes in each step."""
     decoder = runner.decoder
     pool = KVPool(decoder.config, num_blocks, BLOCK_TOKENS, decoder.dtype, decoder.device)
-    stepper = ModelStepper(runner, pool=pool)
+    stepper = make_stepper(runner, pool)
     scheduler = Scheduler(stepper, SchedulerConfig(max_lanes, 1 << 40, max_batch_tokens, pool.num_blocks))
     pending, outputs, lanes_per_step = list(lanes), {}, []
     step = 0
@@ -152,3 +154,50 @@ def test_a_lane_that_raises_fails_alone_and_the_others_are_unchanged():
     assert isinstance(outputs["lane-2"], RuntimeError)
     assert_as_alone(family, [lane for lane in lanes if lane[0] != "lane-2"], outputs)
     assert pool.allocator.num_used == 0
+
+
+class CountingStepper(ModelStepper):
+    """Records the draft length adaptive speculation chose for every decode step."""
+
+    chosen: list[int]
+
+    def _limit_drafts(self, decoding):
+        super()._limit_drafts(decoding)
+        if decoding:
+            self.chosen.append(decoding[0].sequence.draft_limit)
+
+
+@pytest.mark.parametrize("mode", ["mtp", "tree", "ngram"])
+def test_adaptive_draft_lengths_keep_every_lane_exact(mode):
+    family = "llama"
+    runner = runner_for(family, mode)
+    # few lanes: drafting pays; many: it does not (a cost model shaped like a CPU's)
+    max_draft = ModelStepper(runner)._decode_rows - 1
+    seconds = {
+        (lanes, k): 0.01 * lanes * (1 + k * (0.02 if lanes <= 2 else 0.5))
+        for lanes in (1, 2, 8)
+        for k in (0, 1, max_draft)
+    }
+    chosen: list[int] = []
+
+    def make(runner_, pool):
+        stepper = CountingStepper(runner_, pool=pool)
+        stepper.chosen, stepper.step_costs = chosen, StepCosts(seconds)
+        return stepper
+
+    lanes = lanes_for(family)
+    outputs, pool, _, _ = run_batched(runner, lanes, join_every=6, make_stepper=make)
+    assert 0 in chosen and any(k > 0 for k in chosen), f"the load never switched the draft length: {chosen}"
+    assert_as_alone(family, lanes, outputs)
+    assert pool.allocator.num_used == 0
+
+
+def test_step_costs_are_measured_for_each_load_and_draft_length():
+    runner = runner_for("qwen3", "mtp")
+    decoder = runner.decoder
+    stepper = ModelStepper(runner, pool=KVPool(decoder.config, 200, BLOCK_TOKENS, decoder.dtype, decoder.device))
+    costs = stepper.measure_step_costs(lane_counts=(1, 4), repeats=1)
+    assert costs is not None and costs.lane_counts == [1, 4] and costs.draft_lengths[0] == 0
+    assert all(seconds > 0 for seconds in costs.seconds.values())
+    assert stepper.pool.allocator.num_used == 0, "the measurement gives its blocks back"
+    assert ModelStepper(runner_for("qwen3", "none"), pool=stepper.pool).measure_step_costs() is None
