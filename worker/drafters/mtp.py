@@ -34,7 +34,7 @@ from worker.drafters.draft_checkpoint import (
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.engine.sequence import Sequence
 from worker.models.config import ModelConfig
-from worker.models.decoder import DecoderLayer, RMSNorm
+from worker.models.decoder import DecoderLayer, LaneRows, RMSNorm, lane_spans
 from worker.models.hybrid.config import is_hybrid
 from worker.models.kv_cache import KVCache
 from worker.models.rope import RotaryEmbedding
@@ -132,13 +132,67 @@ class MtpDrafter:
         tokens = [int(vocabulary.to_target(vocabulary.logits(hidden).argmax()))]
         position = state.cache.length
         device = hidden.device
-        num_draft = self.num_draft if sequence.draft_limit is None else min(self.num_draft, sequence.draft_limit)
-        for _ in range(num_draft - 1):
+        for _ in range(self._num_draft(sequence) - 1):
             out = self._run(state.cache, torch.tensor([tokens[-1]], device=device), hidden[None], position)
             hidden = out[0]
             tokens.append(int(vocabulary.to_target(vocabulary.logits(hidden).argmax())))
             position += 1
         return DraftTree.chain(tokens)
+
+    @torch.inference_mode()
+    def observe_many(self, items: list[tuple[MtpState, TargetStates]]) -> None:
+        """`observe` for several lanes: one head forward over all their pairs."""
+        if len(items) == 1:
+            self.observe(*items[0])
+            return
+        hidden = [self._target_hidden(committed) for _, committed in items]  # [n_i, hidden] each
+        lanes = []
+        for state, committed in items:
+            assert committed.start == state.cache.length, (committed.start, state.cache.length)
+            next_ids = committed.token_ids[1:] + [committed.next_token]
+            positions = list(range(committed.start, committed.start + len(next_ids)))
+            lanes.append(LaneRows(next_ids, positions, state.cache))
+        out = self._run_lanes(lanes, torch.cat(hidden))
+        first = 0
+        for (state, committed), lane, lane_hidden in zip(items, lanes, hidden, strict=True):
+            num = len(lane.token_ids)
+            state.cache.commit(num)
+            state.target_hidden[committed.start : committed.start + num] = lane_hidden
+            state.num_observed = committed.start + num
+            state.next_hidden = out[first + num - 1]
+            first += num
+
+    @torch.inference_mode()
+    def propose_many(self, items: list[tuple[MtpState, Sequence]]) -> list[DraftTree | None]:
+        """`propose` for several lanes: each draft step is one head forward and one logits product for all."""
+        ready = [i for i, (state, _) in enumerate(items) if state.next_hidden is not None]
+        drafts: list[list[int]] = [[] for _ in items]
+        if not ready:
+            return [None] * len(items)
+        wanted = {i: self._num_draft(items[i][1]) for i in ready}
+        hidden = torch.stack([items[i][0].next_hidden for i in ready])  # type: ignore[misc]  # [B, hidden]
+        active = ready
+        for depth in range(max(wanted.values())):
+            if depth > 0:  # the head over each lane's last draft, in scratch slots past its committed pairs
+                lanes = [
+                    LaneRows([drafts[i][-1]], [items[i][0].cache.length + depth - 1], items[i][0].cache) for i in active
+                ]
+                starts = [lane.positions[0] for lane in lanes]
+                hidden = self._run_lanes(lanes, hidden, starts)
+            vocabulary = self.vocabulary
+            tokens = vocabulary.to_target(vocabulary.logits(hidden).argmax(dim=-1)).tolist()
+            for i, token in zip(active, tokens, strict=True):
+                drafts[i].append(int(token))
+            keep = [j for j, i in enumerate(active) if len(drafts[i]) < wanted[i]]
+            active = [active[j] for j in keep]
+            if not active:
+                break
+            hidden = hidden[keep]
+        return [DraftTree.chain(tokens) if tokens else None for tokens in drafts]
+
+    def _num_draft(self, sequence: Sequence) -> int:
+        limit = sequence.draft_limit
+        return self.num_draft if limit is None else min(self.num_draft, limit)
 
     def state_bytes(self, state: MtpState) -> int:
         hidden = state.target_hidden
@@ -192,6 +246,20 @@ class MtpDrafter:
         mask = _causal_mask(start, num_tokens, x.device)
         x = head.layers[0](x, cos, sin, cache.keys[0], cache.values[0], start, mask)
         return head.norm(x)  # [T, hidden]
+
+    def _run_lanes(self, lanes: list[LaneRows], hidden: torch.Tensor, starts: list[int] | None = None) -> torch.Tensor:
+        """The head over several lanes' rows at once ([R, hidden] in, out), each lane's attention
+        over its own cache (`starts`: where each lane's rows go, past its committed pairs)."""
+        head = self.head
+        device = hidden.device
+        token_ids = torch.tensor([t for lane in lanes for t in lane.token_ids], device=device)
+        embedded = head.pre_fc_norm_embedding(self.embed_tokens(token_ids))  # [R, hidden]
+        x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [R, hidden]
+        cos, sin = self.rotary(torch.tensor([p for lane in lanes for p in lane.positions], device=device))
+        layer = head.layers[0]
+        assert isinstance(layer, DecoderLayer)
+        x = layer.forward_lanes(x, cos, sin, 0, lane_spans(lanes, device, starts), None)
+        return head.norm(x)  # [R, hidden]
 
 
 def _causal_mask(start: int, num_tokens: int, device: torch.device) -> torch.Tensor | None:

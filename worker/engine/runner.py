@@ -15,6 +15,7 @@ Everything here runs on the owner thread.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -30,10 +31,13 @@ from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
-from worker.models.kv_pool import KVPool
+from worker.models.kv_pool import KVPool, PagedKVCache
 from worker.speculation.tree import DraftTree
 
 EMPTY_TREE = DraftTree([], [], [])
+# A cached prefix's target half: its K/V (copied) or the pool blocks holding them (shared).
+PrefixKV = tuple[torch.Tensor, torch.Tensor] | list[int]
+log = logging.getLogger(__name__)
 
 
 class ContextLengthError(ValueError):
@@ -55,6 +59,8 @@ class LaneWork:
     tree: DraftTree = field(default_factory=lambda: EMPTY_TREE)
     rows: LaneRows | None = None
     out: ForwardOutput | None = None
+    proposed: bool = False  # its tree came from the drafter's batched proposal
+    observed: TargetStates | None = None  # what the drafter is shown once the step is committed
 
     @property
     def is_prefill(self) -> bool:
@@ -162,13 +168,49 @@ class ModelRunner:
         started = time.perf_counter()
         for work in works:
             assert not work.sequence.finished and (work.is_prefill or work.sequence.num_to_prefill == 0)
+        self._propose_together([work for work in works if not work.is_prefill])
+        for work in works:
             self._guarded(work, self._draft)
         drafted = time.perf_counter()
         self._forward_all([work for work in works if work.error is None])
         for work in works:
             self._guarded(work, self._finish)
+        self._observe_together([work for work in works if work.error is None and work.observed is not None])
+        for work in works:
             self._account(work, started, drafted)
-            work.out = None  # the step's tensors go with the step
+            work.out = work.observed = None  # the step's tensors go with the step
+
+    def _propose_together(self, works: list[LaneWork]) -> None:
+        """Drafts for every decoding lane from one call, where the drafter batches them (`propose_many`)."""
+        drafter = self.drafter
+        drafting = [work for work in works if work.sequence.draft_limit != 0]
+        if drafter is None or len(drafting) < 2 or not hasattr(drafter, "propose_many"):
+            return
+        try:
+            trees = drafter.propose_many([(work.sequence.drafter_state, work.sequence) for work in drafting])
+        except Exception:  # one lane's state broke the batch: each lane drafts alone (in _draft)
+            log.exception("batched drafting failed; the lanes draft one by one")
+            return
+        for work, tree in zip(drafting, trees, strict=True):
+            work.tree, work.proposed = self._checked(work.sequence, tree), True
+
+    def _observe_together(self, works: list[LaneWork]) -> None:
+        """The drafter sees what every lane committed, in one call where it batches (`observe_many`)."""
+        drafter = self.drafter
+        if drafter is None or not works:
+            return
+        if len(works) > 1 and hasattr(drafter, "observe_many"):
+            try:
+                drafter.observe_many([(work.sequence.drafter_state, work.observed) for work in works])
+                return
+            except Exception:  # see which lane cannot be observed: each alone
+                log.exception("batched observation failed; the lanes are observed one by one")
+        for work in works:
+            self._guarded(work, self._observe_alone)
+
+    def _observe_alone(self, work: LaneWork) -> None:
+        assert self.drafter is not None and work.observed is not None
+        self.drafter.observe(work.sequence.drafter_state, work.observed)
 
     def _step_alone(self, work: LaneWork) -> LaneWork:
         self.step([work])
@@ -192,7 +234,8 @@ class ModelRunner:
             sequence.cache.reserve(start + work.num_prefill)
             work.rows = LaneRows(token_ids, list(range(start, start + work.num_prefill)), sequence.cache, None, 0)
             return
-        work.tree = self._propose(sequence)
+        if not work.proposed:
+            work.tree = self._propose(sequence)
         token_ids, positions, mask = tree_inputs(sequence, work.tree)
         sequence.cache.reserve(start + len(token_ids))
         work.rows = LaneRows(token_ids, positions, sequence.cache, mask, None)
@@ -222,7 +265,7 @@ class ModelRunner:
         start = sequence.cache.length
         if work.is_prefill:
             sequence.cache.commit(work.num_prefill)
-            self._observe(sequence, rows.token_ids, start, out, rows=None)
+            work.observed = self._observe(sequence, rows.token_ids, start, out, rows=None)
             return
         tree = work.tree
         verdict = accept(sequence, tree, out.logits)
@@ -233,7 +276,7 @@ class ModelRunner:
         if self.logits_observer is not None:
             self.logits_observer(sequence, out.logits[kept[: len(emitted)]], emitted)  # row i chose emitted[i]
         sequence.output_ids.extend(emitted)
-        self._observe(sequence, committed, start, out, kept, next_token=verdict.emitted[-1])
+        work.observed = self._observe(sequence, committed, start, out, kept, next_token=verdict.emitted[-1])
         sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
         work.emitted = emitted
 
@@ -247,37 +290,51 @@ class ModelRunner:
             stats.draft_s += drafted - started
             stats.verify_s += now - drafted
 
-    def attach_prefix(
-        self, sequence: Sequence, keys: torch.Tensor, values: torch.Tensor, drafter_snapshot: Any
-    ) -> None:
-        """Continue a fresh sequence from a cached prefix: the target's K/V for its first n tokens
-        ([layers, kv_heads, n, head_dim] each) and the drafter's snapshot of the same n tokens."""
-        num_tokens = keys.shape[2]
-        assert sequence.cache.length == 0 and 0 < num_tokens < sequence.num_tokens, (num_tokens, sequence.num_tokens)
-        sequence.cache.load_prefix(keys, values)
+    def attach_prefix(self, sequence: Sequence, target: PrefixKV, drafter_snapshot: Any) -> None:
+        """Continue a fresh sequence from a cached prefix of n tokens and the drafter's snapshot of
+        the same n tokens. The target's half is its K/V ([layers, kv_heads, n, head_dim] each,
+        copied in) or, for a lane in the KV pool, the ids of the pool blocks that hold them
+        (shared: the lane becomes one more holder of each)."""
+        cache = sequence.cache
+        assert cache.length == 0, cache.length
+        if isinstance(target, list):
+            assert isinstance(cache, PagedKVCache), type(cache)
+            cache.share_prefix(target)
+        else:
+            cache.load_prefix(*target)
+        assert 0 < cache.length < sequence.num_tokens, (cache.length, sequence.num_tokens)
         drafter = self.drafter
         if drafter is not None:
             assert reuses_prefixes(drafter)  # the prefill cache is off for any other drafter (ModelStepper)
             sequence.drafter_state = drafter.import_prefix(sequence, drafter_snapshot)
 
-    def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Copies of the target's K/V for the first `num_tokens` committed tokens, and the drafter's snapshot."""
-        keys, values = sequence.cache.prefix_kv(num_tokens)  # [layers, kv_heads, n, head_dim] each
+    def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[PrefixKV, Any]:
+        """The target's half of the first `num_tokens` committed tokens and the drafter's snapshot.
+        For a lane in the KV pool the target's half is the blocks holding them (whole blocks; the
+        caller `share`s them), else copies of their K/V."""
+        cache = sequence.cache
+        target: PrefixKV
+        if isinstance(cache, PagedKVCache):
+            target = cache.prefix_blocks(num_tokens)
+        else:
+            target = cache.prefix_kv(num_tokens)  # [layers, kv_heads, n, head_dim] each
         drafter = self.drafter
         if drafter is None:
-            return keys, values, None
+            return target, None
         assert reuses_prefixes(drafter)  # the prefill cache is off for any other drafter (ModelStepper)
-        snapshot = drafter.export_prefix(sequence.drafter_state, num_tokens)
-        return keys, values, snapshot
+        return target, drafter.export_prefix(sequence.drafter_state, num_tokens)
 
     def _propose(self, sequence: Sequence) -> DraftTree:
         limit = sequence.draft_limit
         if self.drafter is None or limit == 0:
             return EMPTY_TREE
-        tree = self.drafter.propose(sequence.drafter_state, sequence)
+        return self._checked(sequence, self.drafter.propose(sequence.drafter_state, sequence))
+
+    def _checked(self, sequence: Sequence, tree: DraftTree | None) -> DraftTree:
         if tree is None:
             return EMPTY_TREE
         assert tree.num_nodes <= self.max_draft_nodes, (tree.num_nodes, self.max_draft_nodes)
+        limit = sequence.draft_limit
         return tree if limit is None else tree.truncated(limit)
 
     def _forward(self, rows: list[LaneRows]) -> list[ForwardOutput]:
@@ -307,16 +364,16 @@ class ModelRunner:
         out: ForwardOutput,
         rows: list[int] | None,
         next_token: int | None = None,
-    ) -> None:
-        """Hand the drafter the target states of the tokens just committed (rows of this forward)."""
+    ) -> TargetStates | None:
+        """The target states of the tokens just committed (rows of this forward), for the drafter."""
         if self.drafter is None or sequence.finished:
-            return
+            return None
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         hidden = {layer: pick(h) for layer, h in out.hidden.items()}
         final = pick(out.final_hidden) if out.final_hidden is not None else None
         if next_token is None:
             next_token = sequence.token_ids[start + len(token_ids)]
-        self.drafter.observe(sequence.drafter_state, TargetStates(token_ids, start, hidden, final, next_token))
+        return TargetStates(token_ids, start, hidden, final, next_token)
 
     def _truncate(self, sequence: Sequence, emitted: list[int]) -> list[int]:
         """Cut at the first end-of-sequence token and at max_tokens; set the finish reason."""

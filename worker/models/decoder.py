@@ -364,7 +364,7 @@ class Decoder(nn.Module):
             self.selector.filling_cache = all(lane.num_logits == 0 for lane in lanes)
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = RotaryEmbedding(self.config, self.dtype, self.device)
-        spans = self._spans(lanes)
+        spans = lane_spans(lanes, self.device)
         packed = _packed_rows(spans)
         token_ids = [token for lane in lanes for token in lane.token_ids]
         positions = [position for lane in lanes for position in lane.positions]
@@ -386,18 +386,6 @@ class Decoder(nn.Module):
             outputs.append(ForwardOutput(logits, lane_hidden, x[rows] if want_final_hidden else None))
         return outputs
 
-    def _spans(self, lanes: Sequence[LaneRows]) -> list[_Span]:
-        spans, first_row = [], 0
-        for lane in lanes:
-            start, num_rows = lane.cache.length, len(lane.token_ids)
-            assert num_rows == len(lane.positions) and num_rows > 0, (num_rows, len(lane.positions))
-            assert start + num_rows <= lane.cache.max_tokens, "KV cache overflow: caller must check context length"
-            spans.append(
-                _Span(lane.cache, start, first_row, num_rows, self._attention_mask(start, num_rows, lane.tree_mask))
-            )
-            first_row += num_rows
-        return spans
-
     def _logits(self, x: torch.Tensor, lanes: Sequence[LaneRows], spans: list[_Span]) -> list[torch.Tensor]:
         """Each lane's logits rows [num_logits, vocab], from one lm_head product over the rows that need them."""
         ranges = []
@@ -414,12 +402,29 @@ class Decoder(nn.Module):
         )
         return list(logits.split(counts))
 
-    def _attention_mask(self, start: int, num_tokens: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """[T, start + T] bool: every new token sees the committed prefix, and among the new tokens
-        what `tree_mask` allows (causal by default). One new token needs no mask at all."""
-        if tree_mask is None and num_tokens == 1:
-            return None
-        if tree_mask is None:
-            tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=self.device).tril()
-        prefix = torch.ones(num_tokens, start, dtype=torch.bool, device=self.device)
-        return torch.cat((prefix, tree_mask), dim=1)
+
+def lane_spans(lanes: Sequence[LaneRows], device: torch.device, starts: Sequence[int] | None = None) -> list[_Span]:
+    """Where each lane's rows sit in a step and what its attention reads: its new rows follow its
+    committed tokens (or `starts[i]`: a drafter's scratch positions past them)."""
+    spans, first_row = [], 0
+    for index, lane in enumerate(lanes):
+        start, num_rows = (lane.cache.length if starts is None else starts[index]), len(lane.token_ids)
+        assert num_rows == len(lane.positions) and num_rows > 0, (num_rows, len(lane.positions))
+        assert start + num_rows <= lane.cache.max_tokens, "KV cache overflow: caller must check context length"
+        mask = attention_mask(start, num_rows, lane.tree_mask, device)
+        spans.append(_Span(lane.cache, start, first_row, num_rows, mask))
+        first_row += num_rows
+    return spans
+
+
+def attention_mask(
+    start: int, num_tokens: int, tree_mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor | None:
+    """[T, start + T] bool: every new token sees the committed prefix, and among the new tokens
+    what `tree_mask` allows (causal by default). One new token needs no mask at all."""
+    if tree_mask is None and num_tokens == 1:
+        return None
+    if tree_mask is None:
+        tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
+    prefix = torch.ones(num_tokens, start, dtype=torch.bool, device=device)
+    return torch.cat((prefix, tree_mask), dim=1)
