@@ -30,6 +30,7 @@ from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.models.row_plan import FormatSelector, RowPlan
 
 MIN_PACKED_LANES = 2
+MAX_PACKED_ROWS = 16  # verification widths; a longer prefill chunk attends on its own (padding others to it costs more)
 
 
 class LaneCache(Protocol):
@@ -155,7 +156,7 @@ class Attention(nn.Module):
         else:
             picked = packed.rows
             out = q.new_empty(q.shape)  # [heads, R, d]
-            out[:, picked] = packed.attend(layer, q[:, picked], k[:, picked], v[:, picked])
+            out[:, picked] = packed.attend(layer, q, k[:, picked], v[:, picked])
             for span, lane_out in zip(spans, outs, strict=True):
                 if lane_out is not None:
                     out[:, span.first_row : span.end_row] = lane_out
@@ -257,7 +258,7 @@ class _Span:
     first_row: int
     num_rows: int
     mask: torch.Tensor | None  # [T, start + T] or None (one row sees everything)
-    packed: bool = False  # its one row's attention runs with the step's other one-row lanes (PackedRows)
+    packed: bool = False  # its rows attend together with the step's other few-row lanes (PackedRows)
 
     @property
     def end_row(self) -> int:
@@ -272,19 +273,26 @@ class ForwardOutput:
 
 
 def _packed_rows(spans: list[_Span]) -> PackedRows | None:
-    """The step's one-row lanes in a block pool, to attend together (two or more of them)."""
-    singles = [(span, span.cache) for span in spans if span.num_rows == 1 and isinstance(span.cache, PagedKVCache)]
-    if len(singles) < MIN_PACKED_LANES:
+    """The step's lanes in a block pool with few rows (decode and verification, not prefill
+    chunks), to attend together (two or more of them)."""
+    candidates = [
+        (span, span.cache)
+        for span in spans
+        if span.num_rows <= MAX_PACKED_ROWS and isinstance(span.cache, PagedKVCache)
+    ]
+    if len(candidates) < MIN_PACKED_LANES:
         return None
     caches: list[PagedKVCache] = []
-    rows: list[int] = []
-    pool = singles[0][1].pool
-    for span, cache in singles:
+    first_rows: list[int] = []
+    masks: list[torch.Tensor | None] = []
+    pool = candidates[0][1].pool
+    for span, cache in candidates:
         if cache.pool is pool:
             span.packed = True
             caches.append(cache)
-            rows.append(span.first_row)
-    return PackedRows(pool, caches, rows)
+            first_rows.append(span.first_row)
+            masks.append(span.mask)
+    return PackedRows(pool, caches, first_rows, masks)
 
 
 class Decoder(nn.Module):

@@ -186,46 +186,63 @@ class PagedKVCache:
 
 
 class PackedRows:
-    """Lanes of one pool with one new row each (plain decoding's step): their attention in one
-    set of ops for all of them instead of one per lane. Per-lane attention costs ~10 small ops a
-    lane a layer, ~4,800 calls a step for 16 lanes of a 30-layer model: on the 2-core CPU that
-    was a quarter of the step.
-
-    Each lane's K/V are gathered into a padded [kv_heads, lanes, S, d] block (S: the longest
-    lane), the padding masked out; the index is built once per step and serves every layer.
+    """Lanes of one pool attending together: one padded gather and one set of ops a layer for all
+    of them, instead of ~10 small ops a lane a layer (16 lanes of a 30-layer model: ~4,800 calls a
+    step, a quarter of it on the 2-core CPU). Lanes may bring several rows (a chain or a tree to
+    verify): queries are padded to the most rows, keys to the longest lane, and one boolean mask
+    [lanes, rows, keys] says what each real row may see (its lane's committed tokens and, among
+    its new rows, its causal or tree mask); padding rows see one key and are dropped.
+    The indices are built once per step and serve every layer.
     """
 
-    def __init__(self, pool: KVPool, caches: list[PagedKVCache], rows: list[int]):
-        lengths = [cache.length + 1 for cache in caches]  # each lane's keys once its new row is in
-        longest = max(lengths)
+    def __init__(
+        self, pool: KVPool, caches: list[PagedKVCache], first_rows: list[int], masks: list[torch.Tensor | None]
+    ):
         device = pool.device
-        self.pool = pool
-        self.rows = torch.tensor(rows, device=device)  # [B]: their rows in the step
-        read = torch.zeros(len(caches), longest, dtype=torch.long, device=device)
-        for lane, (cache, length) in enumerate(zip(caches, lengths, strict=True)):
+        num_new = [1 if mask is None else mask.shape[0] for mask in masks]
+        lengths = [cache.length + n for cache, n in zip(caches, num_new, strict=True)]
+        longest, most_rows, num_lanes = max(lengths), max(num_new), len(caches)
+        read = torch.zeros(num_lanes, longest, dtype=torch.long, device=device)
+        visible = torch.zeros(num_lanes, most_rows, longest, dtype=torch.bool, device=device)
+        visible[:, :, 0] = True  # padding rows: one key, so their softmax stays finite
+        query_rows = torch.zeros(num_lanes, most_rows, dtype=torch.long, device=device)
+        writes: list[torch.Tensor] = []
+        real: list[int] = []
+        for lane, (cache, n, length, mask) in enumerate(zip(caches, num_new, lengths, masks, strict=True)):
             assert cache._slots is not None and length <= cache._slots.shape[0], "reserve() before a forward"
             read[lane, :length] = cache._slots[:length]
-        self.write = read[torch.arange(len(caches), device=device), torch.tensor(lengths, device=device) - 1]  # [B]
+            visible[lane, :n, :length] = True if mask is None else mask
+            query_rows[lane, :n] = torch.arange(first_rows[lane], first_rows[lane] + n, device=device)
+            writes.append(cache._slots[cache.length : length])
+            real.extend(lane * most_rows + t for t in range(n))
+        self.pool = pool
+        self.rows = torch.cat([query_rows[lane, :n] for lane, n in enumerate(num_new)])  # [N]: the step rows
+        self.query_rows = query_rows.flatten()  # [B * T]
+        self.real = torch.tensor(real, device=device)  # [N]: which padded rows are real, in `rows` order
+        self.write = torch.cat(writes)  # [N]
         self.read = read.flatten()  # [B * S]
-        positions = torch.arange(longest, device=device)
-        self.valid = positions[None, :] < torch.tensor(lengths, device=device)[:, None]  # [B, S]
-        self.shape = (len(caches), longest)
+        self.visible = visible  # [B, T, S]
+        self.shape = (num_lanes, most_rows, longest)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [heads, B, d], k/v [kv_heads, B, d] (the lanes' new rows) -> attention output [heads, B, d]."""
+        """q [heads, R, d] (the whole step's rows), k/v [kv_heads, N, d] (these lanes' new rows, in
+        `rows` order) -> attention output [heads, N, d] for `rows`."""
         pool_keys, pool_values = self.pool.keys[layer], self.pool.values[layer]
         pool_keys.index_copy_(1, self.write, k)
         pool_values.index_copy_(1, self.write, v)
-        num_lanes, longest = self.shape
-        num_heads, _, head_dim = q.shape
+        num_lanes, most_rows, longest = self.shape
+        num_heads, head_dim = q.shape[0], q.shape[2]
         num_kv_heads = k.shape[0]
         group = num_heads // num_kv_heads
         keys = pool_keys.index_select(1, self.read).view(num_kv_heads, num_lanes, longest, head_dim)
         values = pool_values.index_select(1, self.read).view(num_kv_heads, num_lanes, longest, head_dim)
-        queries = q.reshape(num_kv_heads, group, num_lanes, head_dim).transpose(1, 2)  # [kv, B, G, d]
-        scores = torch.matmul(queries, keys.transpose(2, 3)) * head_dim**-0.5  # [kv, B, G, S]
-        scores = scores.masked_fill(~self.valid[None, :, None, :], float("-inf"))
+        queries = q.index_select(1, self.query_rows).view(num_kv_heads, group, num_lanes, most_rows, head_dim)
+        queries = queries.transpose(1, 2).reshape(num_kv_heads, num_lanes, group * most_rows, head_dim)
+        scores = torch.matmul(queries, keys.transpose(2, 3)) * head_dim**-0.5  # [kv, B, G*T, S]
+        visible = self.visible[:, None].expand(num_lanes, group, most_rows, longest)
+        scores = scores.masked_fill(~visible.reshape(1, num_lanes, group * most_rows, longest), float("-inf"))
         compute = torch.promote_types(q.dtype, torch.float32)
         probs = torch.softmax(scores.to(compute), dim=-1).to(q.dtype)
-        out = torch.matmul(probs, values)  # [kv, B, G, d]
-        return out.transpose(1, 2).reshape(num_heads, num_lanes, head_dim)
+        out = torch.matmul(probs, values).view(num_kv_heads, num_lanes, group, most_rows, head_dim)
+        out = out.permute(0, 2, 1, 3, 4).reshape(num_heads, num_lanes * most_rows, head_dim)
+        return out.index_select(1, self.real)  # [heads, N, d]
