@@ -42,6 +42,9 @@ class WorkerCollector:
             ("arbor_worker_prefix_cache_queries", "Prefill cache lookups", c.prefix_cache_queries),
             ("arbor_worker_prefix_cache_hits", "Prefill cache hits", c.prefix_cache_hits),
             ("arbor_worker_redeliveries", "Jobs reclaimed from a dead worker", c.redeliveries),
+            ("arbor_worker_preemptions", "Lanes that gave their KV blocks back to resume later", c.preemptions),
+            ("arbor_worker_step_lanes", "Lanes summed over steps (÷ steps: the mean batch)", c.step_lanes),
+            ("arbor_worker_step_rows", "Rows summed over steps (÷ steps: the mean rows a forward)", c.step_rows),
         ):
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)
@@ -59,6 +62,22 @@ class WorkerCollector:
         )
         yield _gauge("arbor_worker_lanes_busy", "Lanes serving a request", labels, values, self.lanes_busy())
         yield _gauge("arbor_worker_lanes_total", "Lanes", labels, values, self.identity.lanes_total)
+        yield _gauge("arbor_worker_kv_blocks_used", "KV pool blocks held", labels, values, c.kv_blocks_used)
+        yield _gauge("arbor_worker_kv_blocks_total", "KV pool blocks", labels, values, c.kv_blocks_total)
+        yield _gauge(
+            "arbor_worker_spec_draft_length",
+            "Draft tokens per lane adaptive speculation chose for the last decode step",
+            labels,
+            values,
+            c.draft_length,
+        )
+        yield _gauge(
+            "arbor_worker_spec_lanes_drafting",
+            "Lanes of the last decode step that drafted",
+            labels,
+            values,
+            c.lanes_speculating,
+        )
         yield _gauge(
             "arbor_worker_publish_interval_seconds",
             "Least time between event batches while steps run (the configured interval, stretched "

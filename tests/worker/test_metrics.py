@@ -17,6 +17,8 @@ def _free_port() -> int:
 
 def test_metrics_endpoint_reads_live_counters():
     counters = WorkerCounters(tokens=7, drafts=3, accepted_tokens=4, accepted_by_position=[3, 1], redeliveries=2)
+    counters.preemptions, counters.kv_blocks_used, counters.kv_blocks_total = 3, 40, 100
+    counters.draft_length, counters.lanes_speculating, counters.step_lanes = 2, 5, 90
     identity = WorkerIdentity("w1", "tiny", "mtp", lanes_total=4, max_context=512, started_at=0.0)
     port = _free_port()
     server = serve_metrics(WorkerCollector(identity, counters, lambda: 1, lambda: 0.015), "127.0.0.1", port)
@@ -32,3 +34,10 @@ def test_metrics_endpoint_reads_live_counters():
     assert 'arbor_worker_redeliveries_total{model="tiny",speculation="mtp"} 2.0' in body
     assert 'arbor_worker_lanes_busy{model="tiny",speculation="mtp"} 1.0' in body
     assert 'arbor_worker_publish_interval_seconds{model="tiny",speculation="mtp"} 0.015' in body
+    # the batched engine's decisions: memory, preemption, batch size and adaptive speculation
+    assert 'arbor_worker_preemptions_total{model="tiny",speculation="mtp"} 3.0' in body
+    assert 'arbor_worker_kv_blocks_used{model="tiny",speculation="mtp"} 40.0' in body
+    assert 'arbor_worker_kv_blocks_total{model="tiny",speculation="mtp"} 100.0' in body
+    assert 'arbor_worker_step_lanes_total{model="tiny",speculation="mtp"} 90.0' in body
+    assert 'arbor_worker_spec_draft_length{model="tiny",speculation="mtp"} 2.0' in body
+    assert 'arbor_worker_spec_lanes_drafting{model="tiny",speculation="mtp"} 5.0' in body
