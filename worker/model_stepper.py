@@ -4,6 +4,20 @@ A lane starts by looking up the longest cached block prefix of its tokens; on a 
 KV and the drafter's snapshot for that prefix are attached together and prefill goes on from
 there. When a lane's prefill completes, its longest whole-block prefix is stored (unless already
 cached), so the next request with the same system prompt skips it. Runs on the owner thread.
+
+Lanes in the KV pool share a cached prefix's K/V instead of copying it (as vLLM's automatic
+prefix caching does): an entry's target half is the ids of the pool blocks holding its tokens,
+and the entry is one more holder of each (`BlockAllocator.share(..., by_cache=True)`); a hit
+starts the lane's block table with those blocks, held once more, and its own tokens go into
+new blocks after them (kv_pool.PagedKVCache: a lane never writes into a shared block). An
+entry's bytes are its blocks' bytes (overlapping entries counted for each) plus the drafter's
+snapshot, under ARBOR_PREFILL_CACHE_BYTES; leaving the cache (evicted, superseded, cleared) an
+entry drops its holds. Blocks only the cache holds count as free for admission
+(`free_blocks`): an allocation short of free blocks evicts entries, least recently used first,
+until enough are (`_reclaim`), before the scheduler would have to preempt a lane. A hit that
+takes such blocks away from the cache adds them to the lane's `blocks_needed` in the plan that
+admits it, so the plan does not count them twice. Hybrid models and lanes without a pool copy
+K/V in and out of the entries instead.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from worker.engine.stats import SpecStats
 from worker.heartbeat import WorkerCounters
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.kv_pool import KVPool
-from worker.prefix_cache import PrefixCache
+from worker.prefix_cache import PrefixCache, PrefixEntry
 from worker.scheduler import LaneWorkItem
 from worker.serving_model import verify_rows
 from worker.speculation.adaptive import DEFAULT_ACCEPTANCE, StepCosts, choose_draft_length, lane_acceptance
@@ -53,6 +67,7 @@ class LaneState:
     num_logprobs: int | None
     prefix_tokens: int = 0  # tokens reused from the prefix cache
     stored: bool = False  # its prefix went to the cache (or was already there)
+    claimed_blocks: int = 0  # blocks its prefix hit took from those only the cache held, not yet planned
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of the last decode step's tokens
 
     @property
@@ -96,6 +111,10 @@ class ModelStepper:
         # None: every lane drafts all its drafter proposes.
         self.step_costs: StepCosts | None = None
         self.prefix_cache = prefix_cache
+        if prefix_cache is not None and pool is not None:  # entries hold pool blocks (module docstring)
+            assert prefix_cache.block_tokens % pool.block_tokens == 0, (prefix_cache.block_tokens, pool.block_tokens)
+            prefix_cache.on_drop = self._drop_entry
+            pool.allocator.reclaim = self._reclaim
         self.counters = counters or WorkerCounters()
         self._logprob_lanes: dict[str, LaneState] = {}  # the observer is installed only while one exists
 
@@ -138,7 +157,7 @@ class ModelStepper:
         )
         state = LaneState(sequence, payload.num_logprobs)
         if not sequence.finished:
-            state.prefix_tokens = self._reuse_prefix(sequence)
+            self._reuse_prefix(state)
         if payload.num_logprobs is not None:
             self._logprob_lanes[payload.sequence_id] = state
             self.runner.logits_observer = self._observe_logits
@@ -151,12 +170,15 @@ class ModelStepper:
         return self._decode_rows
 
     def free_blocks(self) -> int:
+        """Blocks a step may take: the free ones and those only the prefill cache holds (`_reclaim`)."""
         pool = self.pool
-        return NO_POOL_BLOCKS if pool is None else pool.allocator.num_free
+        return NO_POOL_BLOCKS if pool is None else pool.allocator.num_free + pool.allocator.num_reclaimable
 
     def blocks_needed(self, state: LaneState, num_rows: int) -> int:
+        """New blocks for the lane's next `num_rows` rows, and the cache's blocks its prefix hit took
+        since `free_blocks` counted them as free (until its first step)."""
         cache = state.sequence.cache
-        return cache.blocks_needed(min(cache.length + num_rows, cache.max_tokens))
+        return cache.blocks_needed(min(cache.length + num_rows, cache.max_tokens)) + state.claimed_blocks
 
     def step(self, items: list[LaneWorkItem]) -> list[list[int] | Exception]:
         """One forward over the items' lanes (a finished lane's item emits nothing and runs nothing)."""
@@ -242,7 +264,8 @@ class ModelStepper:
     def preempt(self, state: LaneState) -> None:
         """Its blocks back to the pool; it resumes by prefilling prompt + output again."""
         sequence = state.sequence
-        sequence.cache.release()
+        sequence.cache.release()  # one hold fewer on each block: those the cache holds stay
+        state.claimed_blocks = 0
         drafter = self.runner.drafter
         if drafter is not None:
             sequence.drafter_state = drafter.start(sequence)
@@ -257,6 +280,7 @@ class ModelStepper:
             self.runner.logits_observer = None
 
     def _after_prefill(self, state: LaneState) -> None:
+        state.claimed_blocks = 0  # the plan of the step that ran it counted them
         if state.sequence.num_to_prefill == 0 and not state.stored:
             state.stored = True
             self._store_prefix(state.sequence)
@@ -284,24 +308,30 @@ class ModelStepper:
         """A stop string ended the text: the lane is finished."""
         state.sequence.finish_reason = "stop"
 
-    def _reuse_prefix(self, sequence: Sequence) -> int:
-        cache = self.prefix_cache
+    def _reuse_prefix(self, state: LaneState) -> None:
+        cache, sequence = self.prefix_cache, state.sequence
         if cache is None:
-            return 0
+            return
         hit = cache.lookup(sequence.token_ids, sequence.num_tokens - 1)
         self.counters.prefix_cache_queries += 1
         if hit is None:
-            return 0
+            return
         self.counters.prefix_cache_hits += 1
-        keys, values = hit.target
         num = hit.num_tokens
         snapshot = hit.drafter
         drafter = self.runner.drafter
         if drafter is not None and num < hit.entry_tokens:
             assert reuses_prefixes(drafter)  # or the prefill cache would be off (__init__)
             snapshot = drafter.export_prefix(snapshot, num)
-        self.runner.attach_prefix(sequence, keys[:, :, :num], values[:, :, :num], snapshot)
-        return num
+        pool = self.pool
+        if pool is None:
+            keys, values = hit.target
+            self.runner.attach_prefix(sequence, (keys[:, :, :num], values[:, :, :num]), snapshot)
+        else:
+            reclaimable = pool.allocator.num_reclaimable
+            self.runner.attach_prefix(sequence, hit.target[: num // pool.block_tokens], snapshot)
+            state.claimed_blocks = reclaimable - pool.allocator.num_reclaimable
+        state.prefix_tokens = num
 
     def _store_prefix(self, sequence: Sequence) -> None:
         cache = self.prefix_cache
@@ -311,12 +341,34 @@ class ModelStepper:
         token_ids = sequence.token_ids[:num]
         if num == 0 or cache.covers(token_ids):
             return
-        keys, values, snapshot = self.runner.export_prefix(sequence, num)
+        target, snapshot = self.runner.export_prefix(sequence, num)
         drafter = self.runner.drafter
         if drafter is not None and snapshot is None:
             return  # the drafter could not cover this prefix; the pair is stored whole or not at all
-        num_bytes = 2 * keys.numel() * keys.element_size() + (drafter.state_bytes(snapshot) if drafter else 0)
-        cache.insert(token_ids, (keys, values), snapshot, num_bytes)
+        drafter_bytes = drafter.state_bytes(snapshot) if drafter else 0
+        pool = self.pool
+        if isinstance(target, list):  # the lane's pool blocks
+            assert pool is not None
+            if cache.insert(token_ids, target, snapshot, len(target) * pool.bytes_per_block + drafter_bytes):
+                pool.allocator.share(target, by_cache=True)  # the entry's holds, dropped in _drop_entry
+        else:
+            keys, values = target
+            cache.insert(token_ids, target, snapshot, 2 * keys.numel() * keys.element_size() + drafter_bytes)
+        self.counters.prefix_cache_bytes = cache.num_bytes
+
+    def _drop_entry(self, entry: PrefixEntry) -> None:
+        """A prefill-cache entry left the cache: its holds on pool blocks go."""
+        assert self.pool is not None
+        self.pool.allocator.free(entry.target, by_cache=True)
+
+    def _reclaim(self, num_blocks: int) -> None:
+        """Free `num_blocks` more pool blocks (or all the cache can) by dropping prefill-cache
+        entries, least recently used first; an entry whose blocks a lane holds too frees none."""
+        pool, cache = self.pool, self.prefix_cache
+        assert pool is not None and cache is not None
+        wanted = pool.allocator.num_free + num_blocks
+        while pool.allocator.num_free < wanted and cache.evict_oldest():
+            pass
         self.counters.prefix_cache_bytes = cache.num_bytes
 
     def _observe_logits(self, sequence: Sequence, logits: torch.Tensor, emitted: list[int]) -> None:

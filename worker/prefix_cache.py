@@ -10,7 +10,12 @@ here) and is indexed under every h1..hn, because it serves any shorter block pre
 request sharing only a 2-block system prompt with a stored 5-block prompt hits h2 and reuses the
 first 64 tokens of that entry. Storing a prefix that extends an entry makes the old entry
 redundant (the new one serves all it served), so it is dropped. Entries are evicted least
-recently used first under a byte budget. Torch-free: the model side slices and copies tensors.
+recently used first under a byte budget. Torch-free: the model side copies tensors or shares
+KV-pool blocks.
+
+An entry's payloads may hold something outside the cache (pool blocks, worker/model_stepper.py):
+`on_drop` is called with every entry that leaves (evicted, superseded, cleared) so their owner
+lets go of it; `evict_oldest` drops one entry on demand (the pool short of free blocks).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,10 +89,16 @@ class _Index:
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, block_tokens: int = DEFAULT_BLOCK_TOKENS):
+    def __init__(
+        self,
+        max_bytes: int,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        on_drop: Callable[[PrefixEntry], None] | None = None,
+    ):
         assert max_bytes >= 0 and block_tokens >= 1, (max_bytes, block_tokens)
         self.max_bytes = max_bytes
         self.block_tokens = block_tokens
+        self.on_drop = on_drop  # called with each entry that leaves the cache
         self.stats = PrefixCacheStats()
         self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # least recently used first
         self._index = _Index()
@@ -140,6 +151,14 @@ class PrefixCache:
         for entry_id in list(self._entries):
             self._remove(entry_id)
 
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used entry; False if there is none."""
+        if not self._entries:
+            return False
+        self._remove(next(iter(self._entries)))
+        self.stats.evictions += 1
+        return True
+
     def _hit(self, entry_id: int, num_tokens: int) -> PrefixHit:
         self._entries.move_to_end(entry_id)
         entry = self._entries[entry_id]
@@ -155,11 +174,12 @@ class PrefixCache:
                     self._remove(entry_id)
 
     def _evict_until_free(self, num_bytes: int) -> None:
-        while self._entries and self._bytes + num_bytes > self.max_bytes:
-            self._remove(next(iter(self._entries)))
-            self.stats.evictions += 1
+        while self._bytes + num_bytes > self.max_bytes and self.evict_oldest():
+            pass
 
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self._index.remove(entry_id, entry.hashes)
         self._bytes -= entry.num_bytes
+        if self.on_drop is not None:
+            self.on_drop(entry)

@@ -84,3 +84,17 @@ def test_insert_requires_whole_blocks():
     cache = PrefixCache(max_bytes=10, block_tokens=B)
     with pytest.raises(AssertionError):
         cache.insert(tokens(1) + [5], "kv", None, 1)
+
+
+def test_every_entry_that_leaves_is_handed_to_on_drop():
+    dropped: list[str] = []
+    cache = PrefixCache(max_bytes=25, block_tokens=B, on_drop=lambda entry: dropped.append(entry.target))
+    cache.insert(tokens(1), "kv1", None, 10)
+    cache.insert(tokens(1, 2), "kv12", None, 10)  # supersedes kv1
+    cache.insert(tokens(3), "kv3", None, 10)
+    cache.insert(tokens(4), "kv4", None, 10)  # over budget: the oldest, kv12, goes
+    assert dropped == ["kv1", "kv12"]
+    assert cache.evict_oldest() and dropped[-1] == "kv3" and cache.stats.evictions == 2
+    cache.clear()
+    assert dropped == ["kv1", "kv12", "kv3", "kv4"] and cache.num_bytes == 0
+    assert not cache.evict_oldest()

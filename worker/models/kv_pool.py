@@ -12,6 +12,14 @@ choice) the lane's slots are one slice of the pool, read in place; otherwise one
 per layer gathers them (~4 us for 128 tokens on the 2-core CPU, a tenth of the attention itself).
 Verification's scratch rows are slots past the lane's length, in blocks it already holds; commit
 moves the accepted ones into place as KVCache.commit does, through the block table.
+
+Prefixes are shared by reference (the prefill cache, worker/model_stepper.py): `prefix_blocks`
+names the blocks holding a lane's first n tokens, which a cache entry then holds too, and
+`share_prefix` starts a fresh lane's table with such blocks (one more holder each), so many
+lanes read one copy of a system prompt's K/V. A block may be shared only if it is whole and
+below the lane's length; the lane writes at its length and after (new tokens, scratch rows,
+commit's moves), so it never writes into a block another holder reads, and `release` drops
+its holds without assuming it was the only one.
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ class KVPool:
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
 
+    @property
+    def bytes_per_block(self) -> int:
+        return 2 * self.keys[:, :, : self.block_tokens].numel() * self.keys.element_size()
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
 
@@ -84,6 +96,7 @@ class PagedKVCache:
         self.block_ids: list[int] = []
         self._slots: torch.Tensor | None = None  # slot of each token the blocks can hold
         self._first_slot: int | None = None  # where the blocks are consecutive: the first one's slot
+        self.shared_tokens = 0  # tokens in blocks others may hold too: never written again
 
     @property
     def device(self) -> torch.device:
@@ -117,6 +130,7 @@ class PagedKVCache:
         self.pool.allocator.free(self.block_ids)
         self.block_ids = []
         self.length = 0
+        self.shared_tokens = 0
         self._table_changed()
 
     def layer_kv(
@@ -125,6 +139,7 @@ class PagedKVCache:
         """Write new K/V ([kv_heads, T, d] each) at tokens [start, start+T); return the layer's
         K/V for tokens [0, start+T) ([kv_heads, start+T, d] each)."""
         end = start + keys.shape[1]
+        assert start >= self.shared_tokens, f"a lane writes token {start} into a shared block"
         pool_keys, pool_values = self.pool.keys[layer], self.pool.values[layer]
         first = self._first_slot
         if first is not None:  # consecutive blocks: slices of the pool
@@ -155,7 +170,7 @@ class PagedKVCache:
         self.length = start + len(accepted)
 
     def truncate(self, length: int) -> None:
-        assert 0 <= length <= self.length
+        assert self.shared_tokens <= length <= self.length, (self.shared_tokens, length, self.length)
         self.length = length
 
     def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -174,6 +189,25 @@ class PagedKVCache:
         assert self._slots is not None
         slots = self._slots[:num_tokens]
         return self.pool.keys[:, :, slots], self.pool.values[:, :, slots]
+
+    def prefix_blocks(self, num_tokens: int) -> list[int]:
+        """The blocks holding the first `num_tokens` committed tokens (whole blocks), to be held
+        by another (the caller `share`s them); the lane writes none of them again."""
+        block_tokens = self.pool.block_tokens
+        assert 0 < num_tokens <= self.length and num_tokens % block_tokens == 0, (num_tokens, self.length)
+        self.shared_tokens = max(self.shared_tokens, num_tokens)
+        return self.block_ids[: num_tokens // block_tokens]
+
+    def share_prefix(self, block_ids: list[int]) -> None:
+        """Start this fresh lane from a prefix held in `block_ids` (one more holder each): its
+        first len(block_ids) * block_tokens tokens, committed; its own tokens go in new blocks."""
+        assert not self.block_ids and self.length == 0 and block_ids, (self.block_ids, block_ids)
+        num_tokens = len(block_ids) * self.pool.block_tokens
+        assert num_tokens <= self.max_tokens, (num_tokens, self.max_tokens)
+        self.pool.allocator.share(block_ids)
+        self.block_ids = list(block_ids)
+        self.length = self.shared_tokens = num_tokens
+        self._table_changed()
 
     def _table_changed(self) -> None:
         blocks = self.block_ids
