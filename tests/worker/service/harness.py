@@ -27,6 +27,7 @@ def service_config(redis_url: str, **overrides: Any) -> ServiceConfig:
         worker_id=f"w-{uuid.uuid4().hex[:6]}",
         model_name=MODEL,
         speculation="none",
+        adaptive_speculation=False,  # draft lengths from timed step costs would make speculation stats vary
         redis_url=redis_url,
         max_lanes=4,
         max_context=512,
