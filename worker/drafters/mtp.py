@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,6 +78,9 @@ class MtpState:
     target_hidden: torch.Tensor  # [max_tokens, hidden]: h_t for every committed t (prefix snapshots need it)
     next_hidden: torch.Tensor | None = None  # [hidden] normed head output for the last pair: step 1's g
     num_observed: int = 0  # committed tokens whose h_t is in target_hidden
+    # observations deferred while the lane does not draft (adaptive speculation): the head runs
+    # over them in one forward when it drafts again, instead of once a step for nothing
+    pending: list[TargetStates] = field(default_factory=list)
 
 
 class MtpDrafter:
@@ -113,6 +116,10 @@ class MtpDrafter:
     @torch.inference_mode()
     def observe(self, state: MtpState, committed: TargetStates) -> None:
         """Commit the pairs (h_t, x_{t+1}) for the committed tokens; the last pair pairs with the new root."""
+        merged = self._with_pending(state, committed)
+        if merged is None:
+            return
+        committed = merged
         assert committed.start == state.cache.length, (committed.start, state.cache.length)
         hidden = self._target_hidden(committed)  # [n, hidden]
         next_ids = committed.token_ids[1:] + [committed.next_token]
@@ -125,6 +132,7 @@ class MtpDrafter:
     @torch.inference_mode()
     def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
         """Chain num_draft steps; steps after the first write scratch slots past the committed length."""
+        self._flush([(state, sequence)])
         hidden = state.next_hidden
         if hidden is None:  # nothing committed yet (a one-token prompt)
             return None
@@ -142,9 +150,13 @@ class MtpDrafter:
     @torch.inference_mode()
     def observe_many(self, items: list[tuple[MtpState, TargetStates]]) -> None:
         """`observe` for several lanes: one head forward over all their pairs."""
-        if len(items) == 1:
-            self.observe(*items[0])
+        merged = [(state, self._with_pending(state, committed)) for state, committed in items]
+        ready = [(state, committed) for state, committed in merged if committed is not None]
+        if len(ready) <= 1:
+            for state, committed in ready:
+                self.observe(state, committed)
             return
+        items = ready
         hidden = [self._target_hidden(committed) for _, committed in items]  # [n_i, hidden] each
         lanes = []
         for state, committed in items:
@@ -165,6 +177,7 @@ class MtpDrafter:
     @torch.inference_mode()
     def propose_many(self, items: list[tuple[MtpState, Sequence]]) -> list[DraftTree | None]:
         """`propose` for several lanes: each draft step is one head forward and one logits product for all."""
+        self._flush(items)
         ready = [i for i, (state, _) in enumerate(items) if state.next_hidden is not None]
         drafts: list[list[int]] = [[] for _ in items]
         if not ready:
@@ -189,6 +202,36 @@ class MtpDrafter:
                 break
             hidden = hidden[keep]
         return [DraftTree.chain(tokens) if tokens else None for tokens in drafts]
+
+    def _with_pending(self, state: MtpState, committed: TargetStates) -> TargetStates | None:
+        """`committed` with the deferred observations before it, as one; None: defer it too."""
+        if not committed.drafting:
+            state.pending.append(self._compact(committed))
+            return None
+        if not state.pending:
+            return committed
+        parts, state.pending = [*state.pending, committed], []
+        hidden = torch.cat([self._target_hidden(part) for part in parts])
+        token_ids = [token for part in parts for token in part.token_ids]
+        return self._states(token_ids, parts[0].start, hidden, committed.next_token)
+
+    def _compact(self, committed: TargetStates) -> TargetStates:
+        """A copy holding only the rows this drafter reads (not a view into the step's tensors)."""
+        hidden = self._target_hidden(committed).clone()
+        return self._states(committed.token_ids, committed.start, hidden, committed.next_token)
+
+    def _states(self, token_ids: list[int], start: int, hidden: torch.Tensor, next_token: int) -> TargetStates:
+        if self.hidden_source == "post_norm":
+            return TargetStates(token_ids, start, {}, hidden, next_token)
+        return TargetStates(token_ids, start, {self.hidden_layers[0]: hidden}, None, next_token)
+
+    def _flush(self, items: list[tuple[MtpState, Sequence]]) -> None:
+        """Run the head over the observations lanes deferred, before they draft."""
+        waiting = [(state, state.pending.pop()) for state, _ in items if state.pending]
+        if waiting:
+            for _, last in waiting:
+                last.drafting = True
+            self.observe_many(waiting)
 
     def _num_draft(self, sequence: Sequence) -> int:
         limit = sequence.draft_limit
