@@ -23,7 +23,7 @@ A request's life, with the Redis names from `shared.keys`:
    `seq` starts at 0 and is contiguous per request *across attempts*, so LRANGE index == seq.
    Pub/sub is at-most-once: the gateway repairs a gap (or silence) with LRANGE on the log.
    A delta carries the tokens of one decode step or, when steps waited to be published, of
-   several (merged while they waited: `worker.step_delta`): readers must not count deltas as
+   several (merged while they waited: `worker.serving.step_delta`): readers must not count deltas as
    steps or tokens.
 4. Each choice ends with exactly one `FinalEvent`; an `ErrorEvent` ends the whole request.
    Afterwards the worker XACKs and XDELs the entry and DELs the job state (one transaction).

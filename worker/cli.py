@@ -223,7 +223,7 @@ def run_worker(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from worker.service import ServiceConfig, WorkerService
+    from worker.redis_side.service import ServiceConfig, WorkerService
 
     settings = worker_settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

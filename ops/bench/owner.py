@@ -269,9 +269,9 @@ class _OwnerLoop:
     def __init__(self, served, url: str, publish_interval_s: float, publish_budget: float):
         import redis
 
-        from worker.model_stepper import ModelStepper
-        from worker.owner import Capacity, Owner, OwnerConfig
-        from worker.publisher import Publisher
+        from worker.redis_side.publisher import Publisher
+        from worker.serving.model_stepper import ModelStepper
+        from worker.serving.owner import Capacity, Owner, OwnerConfig
 
         self._redis = redis.Redis.from_url(url)
         self._redis.xgroup_create(STREAM, keys.CONSUMER_GROUP, "0", mkstream=True)
@@ -309,7 +309,7 @@ class _OwnerLoop:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        from worker.owner import StopOwner
+        from worker.serving.owner import StopOwner
 
         self.owner.inbox.put(StopOwner())
         self._thread.join(30)
@@ -321,10 +321,10 @@ class _OwnerLoop:
         self._done.set()
 
     def run_request(self, prompt: list[int], params: SamplingParams) -> tuple[float, float, float]:
-        from worker.jobs import JobSpec
-        from worker.lane_output import OutputOptions
-        from worker.owner import StartJob
-        from worker.redis_io import JobRef
+        from worker.redis_side.jobs import JobSpec
+        from worker.redis_side.redis_io import JobRef
+        from worker.serving.lane_output import OutputOptions
+        from worker.serving.owner import StartJob
 
         self._count += 1
         request_id = f"bench-{self._count}"

@@ -115,7 +115,7 @@ def test_streamed_chat_yields_the_same_text_in_chunks(client: openai.OpenAI) -> 
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({chunk.id for chunk in chunks}) == 1
     # How many content chunks there are depends on timing: deltas made while the publisher is busy
-    # are merged (worker/outbox.py; tests/worker/test_outbox.py pins when). The text must add up.
+    # are merged (worker/redis_side/outbox.py; tests/worker/test_outbox.py pins when). The text must add up.
     assert sum(1 for chunk in chunks for choice in chunk.choices if choice.delta.content) >= 1
     assert all(chunk.usage is None for chunk in chunks)  # not asked for
 

@@ -69,6 +69,7 @@ def fake_sequence(length: int):
 
     class Sequence:
         cache = Cache()
+        draft_limit = None  # adaptive speculation's: the drafter drafts all it would
 
     return Sequence()
 
@@ -84,9 +85,10 @@ def test_mtp_training_chain_equals_the_drafters_own_proposals():
     # Inference: commit the prompt with root x = prompt's next token, then draft a chain of 3.
     root = 9
     first = capture(model, [prompt])[0]
-    state = drafter.start(fake_sequence(len(prompt)))
+    sequence = fake_sequence(len(prompt))
+    state = drafter.start(sequence)
     drafter.observe(state, TargetStates(prompt, 0, {}, first.final_hidden.float(), root))
-    proposal = drafter.propose(state, None).tokens
+    proposal = drafter.propose(state, sequence).tokens
     # Training: the same chain, on the sequence the drafts describe (prompt, root, drafts).
     sequence = capture(model, [prompt + [root] + proposal])[0]
     rotary = RotaryEmbedding(model.loaded.decoder.config, torch.float32)

@@ -7,7 +7,7 @@ import time
 
 from shared.protocol import Job
 from tests.support.tiny_models import make_tiny_model
-from worker.intake import INLINE_PREPARE_BYTES, prepare_off_loop
+from worker.redis_side.intake import INLINE_PREPARE_BYTES, prepare_off_loop
 from worker.serving_model import load_serving_model
 
 

@@ -11,7 +11,7 @@ import pytest
 from shared.protocol import ErrorCode, Job, JobState
 from tests.support.tiny_models import make_tiny_model
 from worker.chat.template import ChatTemplate
-from worker.jobs import FORCED_CLOSE, JobRejected, PoisonJob, build_spec, parse_job
+from worker.redis_side.jobs import FORCED_CLOSE, JobRejected, PoisonJob, build_spec, parse_job
 from worker.serving_model import ServingModel, load_serving_model
 
 TEMPLATES = Path(__file__).parent / "chat" / "templates"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.tiny_models import train_tokenizer
 from worker.engine.logits_processing import TokenLogprobs
-from worker.lane_output import LaneDelta, LaneOutput, OutputOptions, ReasoningOptions, format_logprobs
+from worker.serving.lane_output import LaneDelta, LaneOutput, OutputOptions, ReasoningOptions, format_logprobs
 
 FORCED = "\n</think>\n\n"
 

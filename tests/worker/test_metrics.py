@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import urllib.request
 
-from worker.heartbeat import WorkerCounters, WorkerIdentity
-from worker.metrics import WorkerCollector, serve_metrics, stop_metrics
+from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity
+from worker.redis_side.metrics import WorkerCollector, serve_metrics, stop_metrics
 
 
 def _free_port() -> int:

@@ -13,9 +13,9 @@ from worker.drafters.oracle import OracleDrafter
 from worker.drafters.registry import DraftOptions
 from worker.engine.generate import generate
 from worker.engine.runner import ModelRunner
-from worker.model_stepper import LaneStart, LaneState, ModelStepper
-from worker.prefix_cache import PrefixCache
-from worker.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
+from worker.serving.model_stepper import LaneStart, LaneState, ModelStepper
+from worker.serving.prefix_cache import PrefixCache
+from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 from worker.serving_model import ServingModel, load_serving_model
 
 SYSTEM = "You are a helpful assistant. Speculative decoding drafts tokens and verifies them in one forward pass. " * 2

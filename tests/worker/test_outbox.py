@@ -7,11 +7,11 @@ import time
 
 from shared.protocol import FinalEvent, Usage
 from tests.worker.test_owner import TOKENIZER, ScriptedStepper, ids_of, spec
-from worker.heartbeat import WorkerCounters
-from worker.outbox import Outbox
-from worker.owner import Capacity, Owner, OwnerConfig, StartJob, StopOwner
-from worker.redis_io import JobDone, JobRef, Publication
-from worker.step_delta import StepDelta
+from worker.redis_side.heartbeat import WorkerCounters
+from worker.redis_side.outbox import Outbox
+from worker.redis_side.redis_io import JobDone, JobRef, Publication
+from worker.serving.owner import Capacity, Owner, OwnerConfig, StartJob, StopOwner
+from worker.serving.step_delta import StepDelta
 
 REF = JobRef("req-1", "stream", "1-0", 1)
 OTHER = JobRef("req-2", "stream", "2-0", 1)

@@ -13,13 +13,13 @@ from shared.protocol import DeltaEvent, FinalEvent, JobState
 from shared.sampling import SamplingParams
 from tests.support.tiny_models import train_tokenizer
 from worker.engine.stats import SpecStats
-from worker.heartbeat import WorkerCounters
-from worker.jobs import FORCED_CLOSE, JobSpec
-from worker.lane_output import OutputOptions, ReasoningOptions
-from worker.model_stepper import LaneStart
-from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
-from worker.redis_io import JobDone, JobRef, Publication
-from worker.step_delta import StepDelta
+from worker.redis_side.heartbeat import WorkerCounters
+from worker.redis_side.jobs import FORCED_CLOSE, JobSpec
+from worker.redis_side.redis_io import JobDone, JobRef, Publication
+from worker.serving.lane_output import OutputOptions, ReasoningOptions
+from worker.serving.model_stepper import LaneStart
+from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
+from worker.serving.step_delta import StepDelta
 
 TOKENIZER = train_tokenizer()
 

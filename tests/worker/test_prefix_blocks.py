@@ -15,10 +15,10 @@ import pytest
 from shared.sampling import SamplingParams
 from tests.worker.engine.test_batched_engine import alone, run_batched
 from tests.worker.speculation.test_lossless import loaded, runner_for
-from worker.model_stepper import LaneStart, ModelStepper
 from worker.models.kv_pool import KVPool
-from worker.prefix_cache import PrefixCache
-from worker.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
+from worker.serving.model_stepper import LaneStart, ModelStepper
+from worker.serving.prefix_cache import PrefixCache
+from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 
 SYSTEM_TOKENS = 70  # two whole 32-token cache blocks and a partial one
 BIG_BUDGET = 1 << 40  # so that only the pool's pressure evicts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.prefix_cache import PrefixCache, block_hashes
+from worker.serving.prefix_cache import PrefixCache, block_hashes
 
 B = 4  # tokens per block in these tests
 

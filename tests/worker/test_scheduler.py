@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from worker.scheduler import LaneRequest, LaneTooLarge, Scheduler, SchedulerConfig, StepKind
+from worker.serving.scheduler import LaneRequest, LaneTooLarge, Scheduler, SchedulerConfig, StepKind
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A step's delta absorbing the next (`worker.step_delta.StepDelta`): one event saying exactly
+"""A step's delta absorbing the next (`worker.serving.step_delta.StepDelta`): one event saying exactly
 what two said, in order, at the first one's seq."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.protocol import DeltaEvent, FunctionDelta, TokenLogprob, ToolCallDelta, encode_event, parse_event
-from worker.step_delta import StepDelta
+from worker.serving.step_delta import StepDelta
 
 
 def delta(seq: int, text: str = "", **fields) -> StepDelta:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ops.cli import build_parser
 from worker.cli import worker_settings
-from worker.service import ServiceConfig
+from worker.redis_side.service import ServiceConfig
 
 
 def test_flags_override_the_environment(monkeypatch):

@@ -4,7 +4,7 @@ A block is `block_tokens` consecutive slots of the pool (worker/models/kv_pool.p
 the blocks its tokens live in; a block may have several holders (a prefix shared by reference),
 and goes back to the free list when its last holder lets go.
 
-The prefill cache is a holder too (worker/model_stepper.py: an entry holds the blocks of its
+The prefill cache is a holder too (worker/serving/model_stepper.py: an entry holds the blocks of its
 prefix). A block only the cache holds is *reclaimable*: when an allocation finds too few free
 blocks, `reclaim` (set by the owner of the cache) drops cache entries, least recently used
 first, until enough are free. So the scheduler counts free + reclaimable blocks as free.

@@ -13,7 +13,7 @@ per layer gathers them (~4 us for 128 tokens on the 2-core CPU, a tenth of the a
 Verification's scratch rows are slots past the lane's length, in blocks it already holds; commit
 moves the accepted ones into place as KVCache.commit does, through the block table.
 
-Prefixes are shared by reference (the prefill cache, worker/model_stepper.py): `prefix_blocks`
+Prefixes are shared by reference (the prefill cache, worker/serving/model_stepper.py): `prefix_blocks`
 names the blocks holding a lane's first n tokens, which a cache entry then holds too, and
 `share_prefix` starts a fresh lane's table with such blocks (one more holder each), so many
 lanes read one copy of a system prompt's K/V. A block may be shared only if it is whole and
@@ -31,7 +31,7 @@ from worker.models.config import ModelConfig
 
 __all__ = ["KVPool", "OutOfBlocks", "PagedKVCache", "new_pool"]
 
-DEFAULT_BLOCK_TOKENS = 32  # the prefill cache's block (worker.prefix_cache): a cached prefix is whole blocks
+DEFAULT_BLOCK_TOKENS = 32  # the prefill cache's block (worker.serving.prefix_cache): a cached prefix is whole blocks
 DEFAULT_MAX_KV_CACHE_BYTES = 2 << 30
 
 

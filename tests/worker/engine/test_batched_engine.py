@@ -17,9 +17,9 @@ from tests.worker.speculation.test_lossless import FAMILIES, MODES, decode, load
 from worker.drafters.prompt_lookup import PromptLookupDrafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
-from worker.model_stepper import LaneStart, ModelStepper
 from worker.models.kv_pool import KVPool
-from worker.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
+from worker.serving.model_stepper import LaneStart, ModelStepper
+from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 from worker.speculation.adaptive import StepCosts
 
 NUM_LANES = 12

@@ -15,7 +15,7 @@ import redis
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job, parse_event
 from tests.support.waiting import wait_for
-from worker.service import ServiceConfig, WorkerService
+from worker.redis_side.service import ServiceConfig, WorkerService
 from worker.serving_model import ServingModel
 
 MODEL = "tiny"

@@ -24,9 +24,9 @@ from tests.worker.service.harness import (
     wait_for,
 )
 from tests.worker.service.test_service import reference
-from worker.publisher import MAX_STRETCHED_INTERVAL_S, Publisher, stretched_interval
-from worker.redis_io import BATCH_SCRIPT, JobDone, JobRef, Publication, PublishResult, batch_call
-from worker.step_delta import StepDelta
+from worker.redis_side.publisher import MAX_STRETCHED_INTERVAL_S, Publisher, stretched_interval
+from worker.redis_side.redis_io import BATCH_SCRIPT, JobDone, JobRef, Publication, PublishResult, batch_call
+from worker.serving.step_delta import StepDelta
 
 STREAM = keys.request_stream(MODEL)
 

@@ -30,8 +30,8 @@ from tests.worker.service.harness import (
     wait_for,
 )
 from tests.worker.service.test_service import reference
-from worker.lane_output import LaneOutput, OutputOptions
-from worker.redis_io import parse_autoclaim
+from worker.redis_side.redis_io import parse_autoclaim
+from worker.serving.lane_output import LaneOutput, OutputOptions
 
 STREAM = keys.request_stream(MODEL)
 

@@ -40,10 +40,10 @@ from tests.worker.speculation.test_sampling_distribution import (
     sample_outputs,
 )
 from worker.engine.runner import ModelRunner
-from worker.model_stepper import LaneStart, ModelStepper
 from worker.models.kv_pool import KVPool
 from worker.models.loader import LoadedModel
-from worker.scheduler import LaneRequest, LaneWorkItem, Scheduler, SchedulerConfig, StepKind
+from worker.serving.model_stepper import LaneStart, ModelStepper
+from worker.serving.scheduler import LaneRequest, LaneWorkItem, Scheduler, SchedulerConfig, StepKind
 
 MAX_LANES = 16
 JOINS_PER_STEP = 8  # more than plain decoding retires (16 lanes / 3 steps): the lanes stay full

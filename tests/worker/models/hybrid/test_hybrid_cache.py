@@ -10,12 +10,12 @@ import torch
 from shared.sampling import SamplingParams
 from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from worker.engine.runner import ModelRunner
-from worker.model_stepper import ModelStepper
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.hybrid.recurrent_state import NotAPath
 from worker.models.loader import LoadedModel, load_model
-from worker.prefix_cache import PrefixCache
+from worker.serving.model_stepper import ModelStepper
+from worker.serving.prefix_cache import PrefixCache
 
 PROMPT = [5, 17, 42, 99, 7, 3, 11, 60, 2, 31, 8]
 DRAFT = [44, 45, 46]

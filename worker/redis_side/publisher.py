@@ -17,7 +17,7 @@ arrived.
 
 One batch in flight at a time: while Redis answers faster than a step (the normal case) every
 step goes out as its own batch; when it is slower, the steps made meanwhile wait in the outbox
-and go out merged (see `worker.outbox`), so the publisher catches up instead of queueing.
+and go out merged (see `worker.redis_side.outbox`), so the publisher catches up instead of queueing.
 
 A publish interval (`publish_interval_s`) spaces batches out while the owner has steps to run:
 each batch wakes Redis, which wakes the gateway, which wakes the client, and on a small machine
@@ -63,8 +63,8 @@ import redis
 import redis.exceptions
 
 from shared import keys
-from worker.outbox import Outbox
-from worker.redis_io import BATCH_SCRIPT, BatchItem, JobDone, JobRef, PublishResult, batch_call
+from worker.redis_side.outbox import Outbox
+from worker.redis_side.redis_io import BATCH_SCRIPT, BatchItem, JobDone, JobRef, PublishResult, batch_call
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Publisher:
 
     def due(self) -> bool:
         """A delta put now would go out at the next `pump`: the publish interval has passed and no
-        batch is in flight. The owner holds plain lanes' tokens until then (`worker.owner`). The
+        batch is in flight. The owner holds plain lanes' tokens until then (`worker.serving.owner`). The
         reply to the batch in flight is taken here if it has come: with steps longer than the
         interval it comes during the next step, and waiting for the `pump` after this question to
         read it would send only every other step."""

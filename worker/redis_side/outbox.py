@@ -31,8 +31,8 @@ always due, and `take(flush=True)` takes everything (the owner has no step to ru
 
 from __future__ import annotations
 
-from worker.redis_io import BatchItem, Publication
-from worker.step_delta import StepDelta
+from worker.redis_side.redis_io import BatchItem, Publication
+from worker.serving.step_delta import StepDelta
 
 
 class Outbox:

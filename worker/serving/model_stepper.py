@@ -35,11 +35,11 @@ from worker.engine.logits_processing import TokenLogprobs, logprobs_of
 from worker.engine.runner import LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
-from worker.heartbeat import WorkerCounters
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.kv_pool import KVPool
-from worker.prefix_cache import PrefixCache, PrefixEntry
-from worker.scheduler import LaneWorkItem
+from worker.redis_side.heartbeat import WorkerCounters
+from worker.serving.prefix_cache import PrefixCache, PrefixEntry
+from worker.serving.scheduler import LaneWorkItem
 from worker.serving_model import verify_rows
 from worker.speculation.adaptive import DEFAULT_ACCEPTANCE, StepCosts, choose_draft_length, lane_acceptance
 

@@ -3,13 +3,13 @@
 Tasks, each owned by `WorkerService.run` and cancelled when it returns:
   heartbeat   beats every interval (ready=0 until the model is loaded and warmed up), touches held entries
   reader      XREADGROUP one job at a time, only while a lane is free
-  reclaimer   XAUTOCLAIMs dead workers' jobs into free lanes (see `worker.reclaim`)
+  reclaimer   XAUTOCLAIMs dead workers' jobs into free lanes (see `worker.redis_side.reclaim`)
   control     the control channel: cancels reach the owner before the lane's next step
   cancel keys polled for held jobs, for cancels published while this worker was not listening
 and, outside the event loop, the owner thread, which also publishes what it makes: events and
 acks in order, fenced, over a connection of its own, never waiting for Redis while there is a step
-to run (see `worker.publisher`); deltas that pile up while Redis is behind go out merged (see
-`worker.outbox`).
+to run (see `worker.redis_side.publisher`); deltas that pile up while Redis is behind go out merged (see
+`worker.redis_side.outbox`).
 
 Every loop survives Redis going away: connection errors back off (exponentially, capped) and
 retry; publishing is idempotent on seq, so a retried batch never duplicates an event. After a
@@ -40,16 +40,16 @@ from shared.protocol import parse_control
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
-from worker.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
-from worker.intake import Intake
-from worker.jobs import JobSpec
-from worker.model_stepper import ModelStepper
 from worker.models.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES, new_pool
-from worker.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
-from worker.prefix_cache import PrefixCache
-from worker.publisher import Publisher
-from worker.reclaim import Reclaimer
-from worker.redis_io import JobRef, RedisIO
+from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
+from worker.redis_side.intake import Intake
+from worker.redis_side.jobs import JobSpec
+from worker.redis_side.publisher import Publisher
+from worker.redis_side.reclaim import Reclaimer
+from worker.redis_side.redis_io import JobRef, RedisIO
+from worker.serving.model_stepper import ModelStepper
+from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
+from worker.serving.prefix_cache import PrefixCache
 from worker.serving_model import ServingModel
 from worker.speculation.adaptive import StepCosts
 
@@ -178,7 +178,7 @@ class WorkerService:
         """Serve /metrics if a port is set; returns what stops it."""
         if not self.config.metrics_port:
             return lambda: None
-        from worker.metrics import WorkerCollector, serve_metrics, stop_metrics
+        from worker.redis_side.metrics import WorkerCollector, serve_metrics, stop_metrics
 
         collector = WorkerCollector(
             self.identity,

@@ -15,7 +15,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from worker.heartbeat import WorkerCounters, WorkerIdentity
+from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity
 
 
 class WorkerCollector:

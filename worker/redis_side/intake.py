@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.protocol import ErrorCode, ErrorEvent, Job, JobState
-from worker.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
-from worker.redis_io import Claim, JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
+from worker.redis_side.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
+from worker.redis_side.redis_io import Claim, JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
 from worker.serving_model import ServingModel
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ push an event twice. A batch of events and acknowledgements, of any jobs, is one
 
 Scripts are called by EVALSHA alone (loaded on NOSCRIPT), never inside a redis-py pipeline, whose
 `execute` asks SCRIPT EXISTS first: a second round trip on every publish. The owner thread's
-batches go out over a connection of their own without waiting for the reply (`worker.publisher`).
+batches go out over a connection of their own without waiting for the reply (`worker.redis_side.publisher`).
 
 Both XAUTOCLAIM reply shapes are handled: Redis 6.2 answers [next, entries] and reports entries
 deleted from the stream as [id, nil] inside `entries`; Redis 7+ answers [next, entries, deleted].
@@ -28,7 +28,7 @@ from redis.exceptions import ResponseError
 
 from shared import keys
 from shared.protocol import EVENT_LOG_TTL_S, JOB_STATE_TTL_S, DeltaEvent, ErrorEvent, FinalEvent, JobState, encode_event
-from worker.step_delta import StepDelta
+from worker.serving.step_delta import StepDelta
 
 Event = DeltaEvent | FinalEvent | ErrorEvent
 
@@ -106,7 +106,7 @@ end
 return results
 """
 )
-BATCH_SCRIPT = _BATCH  # the publisher (worker.publisher) loads it on its own connection
+BATCH_SCRIPT = _BATCH  # the publisher (worker.redis_side.publisher) loads it on its own connection
 
 # KEYS: stream, job state, dead-letter stream.  ARGV: group, entry id, consumer, then the
 # dead letter's field/value pairs (none: no dead letter).

@@ -28,7 +28,7 @@ class WorkerCounters:
     accepted_tokens: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
-    # Served on the worker's own /metrics only (see worker.metrics), not in the heartbeat:
+    # Served on the worker's own /metrics only (see worker.redis_side.metrics), not in the heartbeat:
     accepted_by_position: list[int] = field(default_factory=list)  # [d]: drafts whose depth d+1 was accepted
     prefix_cache_bytes: int = 0
     redeliveries: int = 0  # jobs this worker reclaimed from a dead one

@@ -1,6 +1,6 @@
 """Taking over the jobs of workers that died, and giving up on jobs that keep killing workers.
 
-Live workers touch their entries every beat (see `worker.heartbeat`), so an entry idle for longer
+Live workers touch their entries every beat (see `worker.redis_side.heartbeat`), so an entry idle for longer
 than the heartbeat TTL belongs to a worker that stopped beating. One reclaim round:
 
   1. XPENDING IDLE ttl: who holds idle entries? Go on only if one of them has no heartbeat.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from shared import keys
-from worker.redis_io import RedisIO
+from worker.redis_side.redis_io import RedisIO
 
 MAX_PENDING_SCAN = 100  # idle entries inspected per round
 

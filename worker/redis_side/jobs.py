@@ -22,7 +22,7 @@ from shared.protocol import ErrorCode, Job, JobState
 from shared.sampling import SamplingParams
 from worker.chat.template import ChatTemplateError, flatten_text_parts
 from worker.engine.runner import ContextLengthError
-from worker.lane_output import OutputOptions, ReasoningOptions
+from worker.serving.lane_output import OutputOptions, ReasoningOptions
 from worker.serving_model import ServingModel
 
 THINK_START, THINK_END = "<think>", "</think>"

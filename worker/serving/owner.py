@@ -4,7 +4,7 @@ steps into protocol events.
 The asyncio side talks to it through `inbox`, a `queue.SimpleQueue` (its `empty()`, asked before
 every step, is one C call: 16 ns, against 290 ns for `Queue.empty()`'s Python-level lock). It carries
 `StartJob`, `DropJob` and `StopOwner`. What the owner makes goes to its `sink` (the publisher,
-`worker.publisher`), in order: `put` queues `Publication`s and `JobDone`s, and `pump`, called
+`worker.redis_side.publisher`), in order: `put` queues `Publication`s and `JobDone`s, and `pump`, called
 after every step, does the sink's I/O without waiting while there is a step to run. The inbox is
 drained before every step, so a cancel that arrived is seen before the lane's next step. Each
 decode step of a lane becomes one delta (a `StepDelta`, encoded as the wire's event when its batch
@@ -46,12 +46,20 @@ from shared.protocol import (
     ToolCallDelta,
     Usage,
 )
-from worker.jobs import JobSpec
-from worker.lane_output import LaneDelta, LaneOutput, format_logprobs
-from worker.model_stepper import LaneStart, LaneState, ModelStepper
-from worker.redis_io import BatchItem, Event, JobDone, JobRef, Publication
-from worker.scheduler import LaneKey, LaneRequest, LaneTooLarge, Scheduler, SchedulerConfig, StepKind, StepResult
-from worker.step_delta import StepDelta
+from worker.redis_side.jobs import JobSpec
+from worker.redis_side.redis_io import BatchItem, Event, JobDone, JobRef, Publication
+from worker.serving.lane_output import LaneDelta, LaneOutput, format_logprobs
+from worker.serving.model_stepper import LaneStart, LaneState, ModelStepper
+from worker.serving.scheduler import (
+    LaneKey,
+    LaneRequest,
+    LaneTooLarge,
+    Scheduler,
+    SchedulerConfig,
+    StepKind,
+    StepResult,
+)
+from worker.serving.step_delta import StepDelta
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle owner blocks on its inbox before looking again

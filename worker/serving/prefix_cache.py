@@ -13,7 +13,7 @@ redundant (the new one serves all it served), so it is dropped. Entries are evic
 recently used first under a byte budget. Torch-free: the model side copies tensors or shares
 KV-pool blocks.
 
-An entry's payloads may hold something outside the cache (pool blocks, worker/model_stepper.py):
+An entry's payloads may hold something outside the cache (pool blocks, worker/serving/model_stepper.py):
 `on_drop` is called with every entry that leaves (evicted, superseded, cleared) so their owner
 lets go of it; `evict_oldest` drops one entry on demand (the pool short of free blocks).
 """
