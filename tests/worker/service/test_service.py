@@ -125,7 +125,7 @@ def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client,
         client.publish(keys.CONTROL_CHANNEL, CancelMessage(id=request_id).model_dump_json())
         events = wait_done(client, request_id, timeout_s=30)
         wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
-        assert worker.redis_side.service.capacity.held == 0
+        assert worker.service.capacity.held == 0
         assert events[-1].finish_reason == "cancelled"
         assert len(token_ids_of(events)) < 400
         after = submit(client, chat_body("Still there?", max_tokens=4))
@@ -145,7 +145,7 @@ def test_a_job_cancelled_before_any_worker_read_it_ends_cancelled_and_is_acknowl
         submit(client, chat_body("Tell me a long story", max_tokens=400), request_id=request_id)
         events = wait_done(client, request_id, timeout_s=30)
         wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
-        assert worker.redis_side.service.capacity.held == 0
+        assert worker.service.capacity.held == 0
     assert events[-1].finish_reason == "cancelled"
     assert len(token_ids_of(events)) < 400
 
@@ -183,7 +183,7 @@ def test_a_worker_drains_on_stop_finishing_its_lanes_and_reading_nothing_new(red
     wait_for(lambda: events_of(client, running), 30, "the first delta")
     worker.request_stop()
     num_before_stop = len(events_of(client, running))
-    wait_for(lambda: worker.redis_side.service.draining, 5, "draining")
+    wait_for(lambda: worker.service.draining, 5, "draining")
     time.sleep(READ_BLOCK_MS / 1000 + 0.2)  # a read already under way may still deliver; none after it
     queued = submit(client, chat_body("Too late", max_tokens=4))
     worker.stop()
@@ -240,7 +240,7 @@ def test_a_worker_stopped_while_loading_its_model_stops_at_once(redis_server, cl
         started = time.monotonic()
         worker.stop(timeout_s=10)
         assert time.monotonic() - started < 5, "stopped without waiting for the load"
-        assert worker.error is None and worker.redis_side.service.abandoned_loading
+        assert worker.error is None and worker.service.abandoned_loading
         assert not client.exists(keys.worker_heartbeat(config.worker_id)), "it retired its heartbeat"
     finally:
         release.set()
@@ -276,7 +276,7 @@ def test_a_worker_process_freezes_its_loaded_heap_before_serving(redis_server, c
     allocates (on SmolLM2 it walked ~330,000 objects, a ~150 ms pause in some stream)."""
     body = chat_body("Count with me", max_tokens=6)
     worker = InProcessWorker(service_config(redis_server.url), served_none)
-    worker.redis_side.service.freeze_heap = True
+    worker.service.freeze_heap = True
     assert gc.get_freeze_count() == 0
     try:
         with worker:
