@@ -113,21 +113,9 @@ class MtpDrafter:
         hidden = torch.empty(max_tokens, self.cache_config.hidden_size, dtype=weight.dtype, device=weight.device)
         return MtpState(KVCache(self.cache_config, max_tokens, weight.dtype, weight.device), hidden)
 
-    @torch.inference_mode()
     def observe(self, state: MtpState, committed: TargetStates) -> None:
         """Commit the pairs (h_t, x_{t+1}) for the committed tokens; the last pair pairs with the new root."""
-        merged = self._with_pending(state, committed)
-        if merged is None:
-            return
-        committed = merged
-        assert committed.start == state.cache.length, (committed.start, state.cache.length)
-        hidden = self._target_hidden(committed)  # [n, hidden]
-        next_ids = committed.token_ids[1:] + [committed.next_token]
-        out = self._run(state.cache, torch.tensor(next_ids, device=hidden.device), hidden, committed.start)
-        state.cache.commit(len(next_ids))
-        state.target_hidden[committed.start : committed.start + len(next_ids)] = hidden
-        state.num_observed = committed.start + len(next_ids)
-        state.next_hidden = out[-1]  # its logits wait for propose: a step that does not draft skips the head
+        self.observe_many([(state, committed)])
 
     @torch.inference_mode()
     def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
@@ -139,9 +127,8 @@ class MtpDrafter:
         vocabulary = self.vocabulary
         tokens = [int(vocabulary.to_target(vocabulary.logits(hidden).argmax()))]
         position = state.cache.length
-        device = hidden.device
         for _ in range(self._num_draft(sequence) - 1):
-            out = self._run(state.cache, torch.tensor([tokens[-1]], device=device), hidden[None], position)
+            out = self._run(state.cache, [tokens[-1]], hidden[None], position)
             hidden = out[0]
             tokens.append(int(vocabulary.to_target(vocabulary.logits(hidden).argmax())))
             position += 1
@@ -151,12 +138,9 @@ class MtpDrafter:
     def observe_many(self, items: list[tuple[MtpState, TargetStates]]) -> None:
         """`observe` for several lanes: one head forward over all their pairs."""
         merged = [(state, self._with_pending(state, committed)) for state, committed in items]
-        ready = [(state, committed) for state, committed in merged if committed is not None]
-        if len(ready) <= 1:
-            for state, committed in ready:
-                self.observe(state, committed)
+        items = [(state, committed) for state, committed in merged if committed is not None]
+        if not items:
             return
-        items = ready
         hidden = [self._target_hidden(committed) for _, committed in items]  # [n_i, hidden] each
         lanes = []
         for state, committed in items:
@@ -267,8 +251,7 @@ class MtpDrafter:
         state.target_hidden[:num_tokens] = snapshot.target_hidden[:num_tokens]
         state.num_observed = num_tokens
         last_hidden = snapshot.target_hidden[num_pairs:num_tokens]  # [1, hidden]: h_{N-1}
-        token_ids = torch.tensor([sequence.token_ids[num_tokens]], device=last_hidden.device)  # x_N
-        out = self._run(state.cache, token_ids, last_hidden, num_pairs)
+        out = self._run(state.cache, [sequence.token_ids[num_tokens]], last_hidden, num_pairs)  # x_N
         state.cache.commit(1)
         state.next_hidden = out[-1]  # its logits wait for propose: a step that does not draft skips the head
         return state
@@ -279,16 +262,10 @@ class MtpDrafter:
             return committed.final_hidden
         return committed.hidden[self.hidden_layers[0]]
 
-    def _run(self, cache: KVCache, token_ids: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:
+    def _run(self, cache: KVCache, token_ids: list[int], hidden: torch.Tensor, start: int) -> torch.Tensor:
         """The head over T pairs at positions [start, start+T); K/V written to those (uncommitted) slots."""
-        head = self.head
-        embedded = head.pre_fc_norm_embedding(self.embed_tokens(token_ids))  # [T, hidden]
-        x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [T, hidden]
-        num_tokens = token_ids.shape[0]
-        cos, sin = self.rotary(torch.arange(start, start + num_tokens, device=x.device))
-        mask = _causal_mask(start, num_tokens, x.device)
-        x = head.layers[0](x, cos, sin, cache.keys[0], cache.values[0], start, mask)
-        return head.norm(x)  # [T, hidden]
+        lane = LaneRows(token_ids, list(range(start, start + len(token_ids))), cache)
+        return self._run_lanes([lane], hidden, [start])  # [T, hidden]
 
     def _run_lanes(self, lanes: list[LaneRows], hidden: torch.Tensor, starts: list[int] | None = None) -> torch.Tensor:
         """The head over several lanes' rows at once ([R, hidden] in, out), each lane's attention
@@ -303,15 +280,6 @@ class MtpDrafter:
         assert isinstance(layer, DecoderLayer)
         x = layer.forward_lanes(x, cos, sin, 0, lane_spans(lanes, device, starts), None)
         return head.norm(x)  # [R, hidden]
-
-
-def _causal_mask(start: int, num_tokens: int, device: torch.device) -> torch.Tensor | None:
-    """[T, start + T] bool for T new tokens after `start` cached ones, as the decoder builds it."""
-    if num_tokens == 1:
-        return None
-    new = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
-    prefix = torch.ones(num_tokens, start, dtype=torch.bool, device=device)
-    return torch.cat((prefix, new), dim=1)
 
 
 def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:

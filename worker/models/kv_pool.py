@@ -104,8 +104,7 @@ class PagedKVCache:
 
     @property
     def num_bytes(self) -> int:
-        pool = self.pool
-        return len(self.block_ids) * pool.block_tokens * pool.keys[:, :, :1].numel() * 2 * pool.keys.element_size()
+        return len(self.block_ids) * self.pool.bytes_per_block
 
     @property
     def capacity(self) -> int:

@@ -217,7 +217,7 @@ class Scheduler:
             return False
         needed = self.stepper.blocks_needed(lane.state, rows)
         while needed > plan.free_blocks:
-            victim = self._victim(plan, lane)
+            victim = self._victim(plan)
             if victim is None:
                 return False
             self._preempt(plan, victim)
@@ -229,7 +229,7 @@ class Scheduler:
         plan.lanes.add(id(lane))
         return True
 
-    def _victim(self, plan: _Plan, lane: _Lane) -> _Lane | None:
+    def _victim(self, plan: _Plan) -> _Lane | None:
         """The most recently started lane not in the step (the lane itself if it is the last)."""
         for candidate in reversed(self._running):
             if id(candidate) not in plan.lanes:
