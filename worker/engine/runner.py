@@ -343,20 +343,7 @@ class ModelRunner:
         decoder, drafter = self.decoder, self.drafter
         hidden_layers = drafter.hidden_layers if drafter else ()
         want_final_hidden = bool(drafter and drafter.wants_final_hidden)
-        if isinstance(decoder, Decoder):
-            return decoder.forward_lanes(rows, hidden_layers, want_final_hidden)
-        return [  # a hybrid decoder runs its lanes one by one
-            decoder(
-                torch.tensor(lane.token_ids),
-                torch.tensor(lane.positions),
-                lane.cache,
-                tree_mask=lane.tree_mask,
-                hidden_layers=hidden_layers,
-                want_final_hidden=want_final_hidden,
-                num_logits=lane.num_logits,
-            )
-            for lane in rows
-        ]
+        return decoder.forward_lanes(rows, hidden_layers, want_final_hidden)
 
     def _observe(
         self,

@@ -130,7 +130,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         layer: int,
-        spans: list[_Span],
+        spans: list[Span],
         packed: PackedRows | None = None,
     ) -> torch.Tensor:
         """Rows of several lanes ([R, hidden], lane by lane): one q/k/v and one o product for all,
@@ -223,7 +223,7 @@ class DecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
-    def forward_lanes(self, x, cos, sin, layer: int, spans: list[_Span], packed: PackedRows | None) -> torch.Tensor:
+    def forward_lanes(self, x, cos, sin, layer: int, spans: list[Span], packed: PackedRows | None) -> torch.Tensor:
         x = x + self.self_attn.forward_lanes(self.input_layernorm.forward(x), cos, sin, layer, spans, packed)
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
@@ -250,7 +250,7 @@ class LaneRows:
 
 
 @dataclass(slots=True)
-class _Span:
+class Span:
     """Where a lane's rows sit in the step's rows, and what its attention reads."""
 
     cache: LaneCache
@@ -272,7 +272,7 @@ class ForwardOutput:
     final_hidden: torch.Tensor | None = None  # [T, hidden], after the final norm
 
 
-def _packed_rows(spans: list[_Span]) -> PackedRows | None:
+def _packed_rows(spans: list[Span]) -> PackedRows | None:
     """The step's lanes in a block pool with few rows (decode and verification, not prefill
     chunks), to attend together (two or more of them)."""
     candidates = [
@@ -386,7 +386,7 @@ class Decoder(nn.Module):
             if index in wanted:
                 hidden[index] = x
         x = self.model.norm(x)
-        logits_by_lane = self._logits(x, lanes, spans)
+        logits_by_lane = lane_logits(self.lm_head, x, lanes, spans, self.config.vocab_size)
         outputs = []
         for span, logits in zip(spans, logits_by_lane, strict=True):
             rows = slice(span.first_row, span.end_row)
@@ -394,24 +394,25 @@ class Decoder(nn.Module):
             outputs.append(ForwardOutput(logits, lane_hidden, x[rows] if want_final_hidden else None))
         return outputs
 
-    def _logits(self, x: torch.Tensor, lanes: Sequence[LaneRows], spans: list[_Span]) -> list[torch.Tensor]:
-        """Each lane's logits rows [num_logits, vocab], from one lm_head product over the rows that need them."""
-        ranges = []
-        for lane, span in zip(lanes, spans, strict=True):
-            count = span.num_rows if lane.num_logits is None else lane.num_logits
-            ranges.append((span.end_row - count, span.end_row))
-        counts = [end - begin for begin, end in ranges]
-        if len(ranges) == 1:
-            begin, end = ranges[0]
-            return [self.lm_head(x[begin:end])]
-        rows = [row for begin, end in ranges for row in range(begin, end)]
-        logits = (
-            self.lm_head(x[torch.tensor(rows, device=x.device)]) if rows else x.new_empty(0, self.config.vocab_size)
-        )
-        return list(logits.split(counts))
+
+def lane_logits(
+    lm_head: nn.Module, x: torch.Tensor, lanes: Sequence[LaneRows], spans: list[Span], vocab_size: int
+) -> list[torch.Tensor]:
+    """Each lane's logits rows [num_logits, vocab], from one lm_head product over the rows that need them."""
+    ranges = []
+    for lane, span in zip(lanes, spans, strict=True):
+        count = span.num_rows if lane.num_logits is None else lane.num_logits
+        ranges.append((span.end_row - count, span.end_row))
+    counts = [end - begin for begin, end in ranges]
+    if len(ranges) == 1:
+        begin, end = ranges[0]
+        return [lm_head(x[begin:end])]
+    rows = [row for begin, end in ranges for row in range(begin, end)]
+    logits = lm_head(x[torch.tensor(rows, device=x.device)]) if rows else x.new_empty(0, vocab_size)
+    return list(logits.split(counts))
 
 
-def lane_spans(lanes: Sequence[LaneRows], device: torch.device, starts: Sequence[int] | None = None) -> list[_Span]:
+def lane_spans(lanes: Sequence[LaneRows], device: torch.device, starts: Sequence[int] | None = None) -> list[Span]:
     """Where each lane's rows sit in a step and what its attention reads: its new rows follow its
     committed tokens (or `starts[i]`: a drafter's scratch positions past them)."""
     spans, first_row = [], 0
@@ -420,7 +421,7 @@ def lane_spans(lanes: Sequence[LaneRows], device: torch.device, starts: Sequence
         assert num_rows == len(lane.positions) and num_rows > 0, (num_rows, len(lane.positions))
         assert start + num_rows <= lane.cache.max_tokens, "KV cache overflow: caller must check context length"
         mask = attention_mask(start, num_rows, lane.tree_mask, device)
-        spans.append(_Span(lane.cache, start, first_row, num_rows, mask))
+        spans.append(Span(lane.cache, start, first_row, num_rows, mask))
         first_row += num_rows
     return spans
 

@@ -1,9 +1,10 @@
 """The hybrid decoder (Qwen3.5, Qwen3-Next): gated DeltaNet layers with a gated-attention layer
 every few, dense or sparse MLPs, zero-centred RMSNorms.
 
-Its forward has the plain decoder's signature and contract (worker/models/decoder.py), so the
-model runner serves it unchanged: T new tokens after the cache's committed ones, optional logits
-for the last n, hidden states of requested layers; nothing is committed until the caller commits.
+Its forward and forward_lanes have the plain decoder's signatures and contract
+(worker/models/decoder.py), so the model runner serves it unchanged, several lanes in one
+forward: each lane's new tokens after its cache's committed ones, optional logits for its last
+n, hidden states of requested layers; nothing is committed until the caller commits.
 The recurrent layers choose their form by what the caller may commit: a tree, or a short forward
 with logits (decode, verification), runs the per-token recurrence and keeps the state after each
 token (in a tree each node continues its parent's state); anything else (a prefill chunk, a long
@@ -13,14 +14,15 @@ scoring forward: committed whole) runs the chunked form.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from worker.models.decoder import ForwardOutput
+from worker.models.decoder import ForwardOutput, LaneRows, Span, lane_logits, lane_spans
 from worker.models.hybrid.config import LINEAR_ATTENTION, HybridConfig
 from worker.models.hybrid.gated_attention import GatedAttention, partial_rotary
-from worker.models.hybrid.gated_deltanet import GatedDeltaNet
+from worker.models.hybrid.gated_deltanet import GatedDeltaNet, RecurrentLane
 from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.hybrid.moe import SparseMoe, SwiGLU
 from worker.models.hybrid.norms import ZeroCentredRMSNorm
@@ -50,22 +52,27 @@ class HybridLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden]
+        x: torch.Tensor,  # [R, hidden]: the step's rows, lane by lane
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: HybridCache,
-        slot: int,  # this layer's index among the cache's attention (K/V) or linear (recurrent) layers
-        mask: torch.Tensor | None,
-        every_position: bool,
-        parents: list[int] | None,  # a tree's: row i continues row parents[i]; None: a chain
+        slot: int,  # this layer's index among the caches' attention (K/V) or linear (recurrent) layers
+        lanes: list[HybridLane],
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.is_linear:
-            h = self.linear_attn(h, cache.recurrent, slot, every_position, parents)
+            h = self.linear_attn(h, slot, [lane.recurrent for lane in lanes])
         else:
-            h = self.self_attn(h, cos, sin, cache.keys[slot], cache.values[slot], cache.length, mask)
+            h = self.self_attn(h, cos, sin, slot, [lane.span for lane in lanes])
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass(slots=True)
+class HybridLane:
+    """One lane's rows, as its attention layers (span) and its recurrent layers see them."""
+
+    span: Span
+    recurrent: RecurrentLane
 
 
 class HybridBody(nn.Module):
@@ -123,36 +130,45 @@ class HybridDecoder(nn.Module):
         num_logits: int | None = None,  # logits for the last n tokens only (None: all, 0: none)
         want_final_hidden: bool = False,
     ) -> ForwardOutput:
+        lane = LaneRows(token_ids.tolist(), positions.tolist(), cache, tree_mask, num_logits)
+        return self.forward_lanes([lane], hidden_layers, want_final_hidden)[0]
+
+    @torch.inference_mode()
+    def forward_lanes(
+        self, lanes: Sequence[LaneRows], hidden_layers: Sequence[int] = (), want_final_hidden: bool = False
+    ) -> list[ForwardOutput]:
+        """One forward over the new rows of every lane (each lane's cache a HybridCache): norms,
+        projections and MLPs over all rows at once, attention and recurrence per lane."""
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = partial_rotary(self.config, self.dtype, self.device)
-        start, num_tokens = cache.length, token_ids.shape[0]
-        assert start + num_tokens <= cache.max_tokens, "cache overflow: caller must check context length"
-        cos, sin = self.rotary(positions)
-        mask = _attention_mask(start, tree_mask, num_tokens, self.device)
-        parents = None if tree_mask is None else tree_parents(tree_mask)
-        # may be committed in part: keep every row's state (see MAX_VERIFY_TOKENS)
-        every_position = parents is not None or (num_logits != 0 and num_tokens <= MAX_VERIFY_TOKENS)
+        spans = lane_spans(lanes, self.device)
+        hybrid_lanes = [HybridLane(span, _recurrent_lane(lane, span)) for lane, span in zip(lanes, spans, strict=True)]
+        positions = [position for lane in lanes for position in lane.positions]
+        cos, sin = self.rotary(torch.tensor(positions, device=self.device))
         wanted, hidden = set(hidden_layers), {}
-        x = self.model.embed_tokens(token_ids)  # [T, hidden]
+        x = self.model.embed_tokens(torch.tensor([t for lane in lanes for t in lane.token_ids], device=self.device))
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, self.slots[index], mask, every_position, parents)
+            x = layer(x, cos, sin, self.slots[index], hybrid_lanes)  # [R, hidden]
             if index in wanted:
                 hidden[index] = x
         x = self.model.norm(x)
-        tail = x if num_logits is None else x[x.shape[0] - num_logits :]
-        return ForwardOutput(self.lm_head(tail), hidden, x if want_final_hidden else None)
+        outputs = []
+        logits_by_lane = lane_logits(self.lm_head, x, lanes, spans, self.config.vocab_size)
+        for span, logits in zip(spans, logits_by_lane, strict=True):
+            rows = slice(span.first_row, span.end_row)
+            lane_hidden = {layer: h[rows] for layer, h in hidden.items()}
+            outputs.append(ForwardOutput(logits, lane_hidden, x[rows] if want_final_hidden else None))
+        return outputs
 
 
-def _attention_mask(
-    start: int, tree_mask: torch.Tensor | None, num_tokens: int, device: torch.device
-) -> torch.Tensor | None:
-    """[T, start + T] bool: the committed prefix, then `tree_mask` (causal by default) among the
-    new tokens. One new token needs no mask at all."""
-    if tree_mask is None and num_tokens == 1:
-        return None
-    if tree_mask is None:
-        tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
-    return torch.cat((torch.ones(num_tokens, start, dtype=torch.bool, device=device), tree_mask), dim=1)
+def _recurrent_lane(lane: LaneRows, span: Span) -> RecurrentLane:
+    """What the recurrent layers keep for a lane: every row's state where it may be committed in
+    part (a tree; a short forward with logits: decode, verification), else only the last."""
+    cache = lane.cache
+    assert isinstance(cache, HybridCache), type(cache)
+    parents = None if lane.tree_mask is None else tree_parents(lane.tree_mask)
+    every_position = parents is not None or (lane.num_logits != 0 and span.num_rows <= MAX_VERIFY_TOKENS)
+    return RecurrentLane(cache.recurrent, span.first_row, span.num_rows, every_position, parents)
 
 
 def tree_parents(tree_mask: torch.Tensor) -> list[int]:

@@ -5,7 +5,8 @@
 - partial RoPE: only the first head_dim * partial_rotary_factor dims of q and k are rotated;
 - zero-centred q/k norms (norms.py).
 
-K/V live in the sequence's cache exactly as in the plain decoder (slots after the committed length).
+K/V live in each lane's cache exactly as in the plain decoder (slots after the committed length);
+a forward serves the rows of several lanes at once, as the plain decoder's attention does.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from worker.models.config import ModelConfig
-from worker.models.decoder import grouped_attention
+from worker.models.decoder import Span, grouped_attention
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.norms import ZeroCentredRMSNorm
 from worker.models.linear import Linear
@@ -66,22 +67,25 @@ class GatedAttention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, rotary_dim]
+        x: torch.Tensor,  # [R, hidden]: the rows of one or several lanes, lane by lane
+        cos: torch.Tensor,  # [R, rotary_dim]
         sin: torch.Tensor,
-        layer_keys: torch.Tensor,  # [kv_heads, max_tokens, head_dim]: this layer's cache
-        layer_values: torch.Tensor,
-        start: int,
-        mask: torch.Tensor | None,  # [T, start + T] bool, or None for one new token
+        slot: int,  # this layer's index among the caches' attention layers
+        spans: list[Span],  # where each lane's rows sit, its cache, its committed length, its mask
     ) -> torch.Tensor:
-        num_tokens, head_dim = x.shape[0], self.head_dim
-        q, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * head_dim).split(head_dim, dim=-1)
-        q = self.q_norm(q).transpose(0, 1)  # [heads, T, d]
-        k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, head_dim)).transpose(0, 1)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, head_dim).transpose(0, 1)
-        end = start + num_tokens
-        layer_keys[:, start:end] = rotate_leading(k, cos, sin)
-        layer_values[:, start:end] = v
-        out = grouped_attention(rotate_leading(q, cos, sin), layer_keys[:, :end], layer_values[:, :end], mask)
-        out = out.transpose(0, 1).reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
+        """One q/k/v and one o product for every row; attention per lane over its own K/V (its new
+        K/V written to slots after its committed tokens, as in the plain decoder)."""
+        num_rows, head_dim = x.shape[0], self.head_dim
+        q, gate = self.q_proj(x).view(num_rows, self.num_heads, 2 * head_dim).split(head_dim, dim=-1)
+        q = rotate_leading(self.q_norm(q).transpose(0, 1), cos, sin)  # [heads, R, d]
+        k = self.k_norm(self.k_proj(x).view(num_rows, self.num_kv_heads, head_dim)).transpose(0, 1)
+        k = rotate_leading(k, cos, sin)  # [kv_heads, R, d]
+        v = self.v_proj(x).view(num_rows, self.num_kv_heads, head_dim).transpose(0, 1)
+        outs = []
+        for span in spans:
+            rows = slice(span.first_row, span.end_row)
+            keys, values = span.cache.layer_kv(slot, span.start, k[:, rows], v[:, rows])
+            outs.append(grouped_attention(q[:, rows], keys, values, span.mask))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [heads, R, d]
+        out = out.transpose(0, 1).reshape(num_rows, -1) * torch.sigmoid(gate.reshape(num_rows, -1))
         return self.o_proj(out)

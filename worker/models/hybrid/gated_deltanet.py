@@ -18,6 +18,8 @@ accepted path; a prefill chunk runs the chunked form.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,10 +27,22 @@ from torch import nn
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from worker.models.hybrid.norms import GatedRMSNorm
-from worker.models.hybrid.recurrent_state import RecurrentState, StagedStep, conv_columns
+from worker.models.hybrid.recurrent_state import RecurrentState, StagedStep, chain_parents, conv_columns
 from worker.models.linear import Linear
 
 L2NORM_EPS = 1e-6
+
+
+@dataclass(slots=True)
+class RecurrentLane:
+    """One lane's rows in a forward, for the recurrent layers: where they sit, whose state they
+    continue, and what the lane may commit (every row's state, or only the last)."""
+
+    recurrent: RecurrentState
+    first_row: int
+    num_rows: int
+    every_position: bool  # keep the state after every row (a forward that may be committed in part)
+    parents: list[int] | None = None  # a tree's (recurrent_state.py); None: a chain
 
 
 def l2_normalized(x: torch.Tensor) -> torch.Tensor:
@@ -78,33 +92,53 @@ class GatedDeltaNet(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden]
-        recurrent: RecurrentState,
-        layer: int,  # this layer's slot in `recurrent`
-        every_position: bool,  # keep the state after every token (a forward that may be committed in part)
-        parents: list[int] | None = None,  # a tree's (recurrent_state.py); None: a chain
+        x: torch.Tensor,  # [R, hidden]: the rows of one or several lanes, lane by lane
+        slot: int,  # this layer's slot in each lane's RecurrentState
+        lanes: list[RecurrentLane],
     ) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        """The projections over every row at once; the conv and the delta rule per lane, from its
+        own committed state (staged back to it for its commit)."""
+        num_rows = x.shape[0]
         mixed, z, b, a = self.project(x)
-        window = torch.cat((recurrent.conv_tails[layer], mixed.t()), dim=-1)  # [conv_dim, kernel - 1 + T]
-        q, k, v = self._heads(F.silu(self._conv(window, parents)).t(), x.dtype)
+        outs = []
+        for lane in lanes:
+            rows = slice(lane.first_row, lane.first_row + lane.num_rows)
+            outs.append(self._recur(mixed[rows], b[rows], a[rows], slot, lane, x.dtype))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [v_heads, R, dv]
+        out = self.norm(out.transpose(0, 1).to(x.dtype), z)  # [R, v_heads, dv]
+        return self.out_proj(out.reshape(num_rows, self.value_dim))
+
+    def _recur(
+        self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, slot: int, lane: RecurrentLane, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """One lane's conv and delta rule over its T rows: outputs [v_heads, T, dv]."""
+        recurrent = lane.recurrent
+        window = torch.cat((recurrent.conv_tails[slot], mixed.t()), dim=-1)  # [conv_dim, kernel - 1 + T]
+        q, k, v = self._heads(F.silu(self._conv(window, lane)).t(), dtype)
         g, beta = self._decay_and_strength(a, b, q.dtype)
-        state = recurrent.delta_states[layer]
-        if every_position:
-            out, states = recurrent_delta_rule(q, k, v, g, beta, state, parents)
+        state = recurrent.delta_states[slot]
+        if lane.every_position:
+            out, states = recurrent_delta_rule(q, k, v, g, beta, state, lane.parents)
         else:
-            assert parents is None, "a tree keeps every row's state"
+            assert lane.parents is None, "a tree keeps every row's state"
             out, final = chunked_delta_rule(q, k, v, g, beta, state)
             states = final[None]
-        recurrent.stage(layer, StagedStep(window, states, every_position, parents))
-        out = self.norm(out.transpose(0, 1).to(x.dtype), z)  # [T, v_heads, dv]
-        return self.out_proj(out.reshape(num_tokens, self.value_dim))
+        recurrent.stage(slot, StagedStep(window, states, lane.every_position, lane.parents))
+        return out
 
-    def _conv(self, window: torch.Tensor, parents: list[int] | None) -> torch.Tensor:
-        """The depthwise causal conv [conv_dim, T] over `window`; in a tree each token reads its own path."""
+    def _conv(self, window: torch.Tensor, lane: RecurrentLane) -> torch.Tensor:
+        """The depthwise causal conv [conv_dim, T] over `window`.
+
+        A forward that keeps every row's state (decode, verification) reads each token's own
+        path, in a tree and along a chain alike, with the same products and sums, so a node's
+        output is rounded as the same token's in plain decoding is (bitwise in bfloat16). A
+        prefill chunk takes the library's conv.
+        """
         weight = self.conv1d.weight  # [conv_dim, 1, kernel]
-        if parents is None:
+        if not lane.every_position:
             return F.conv1d(window[None], weight, groups=self.conv_dim)[0]
+        num_tokens = window.shape[-1] - weight.shape[-1] + 1
+        parents = lane.parents if lane.parents is not None else chain_parents(num_tokens)
         columns = torch.tensor(conv_columns(parents, weight.shape[-1]), device=window.device)  # [T, kernel]
         return (window[:, columns] * weight).sum(dim=-1)  # [conv_dim, T, kernel] -> [conv_dim, T]
 

@@ -39,6 +39,16 @@ class HybridCache:
     def device(self) -> torch.device:
         return self.keys.device
 
+    def layer_kv(
+        self, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new K/V ([kv_heads, T, d] each) of attention layer `slot` at slots [start, start+T);
+        return views of its slots [0, start+T) (the plain KV cache's interface)."""
+        end = start + keys.shape[1]
+        self.keys[slot, :, start:end] = keys
+        self.values[slot, :, start:end] = values
+        return self.keys[slot, :, :end], self.values[slot, :, :end]
+
     def blocks_needed(self, num_tokens: int) -> int:
         return 0  # preallocated: a hybrid lane's memory is its admission cost (bytes_for)
 
