@@ -31,12 +31,14 @@ from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
+from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
 from worker.models.kv_pool import KVPool, PagedKVCache
 from worker.speculation.tree import DraftTree
 
 EMPTY_TREE = DraftTree([], [], [])
-# A cached prefix's target half: its K/V (copied) or the pool blocks holding them (shared).
-PrefixKV = tuple[torch.Tensor, torch.Tensor] | list[int]
+# A cached prefix's target half: its K/V (copied), the pool blocks holding them (shared), or
+# for a hybrid model its K/V with the recurrent states at its block boundaries.
+PrefixKV = tuple[torch.Tensor, torch.Tensor] | list[int] | HybridPrefix
 log = logging.getLogger(__name__)
 
 
@@ -96,12 +98,6 @@ class ModelRunner:
     @property
     def vocab_size(self) -> int:
         return self.decoder.config.vocab_size
-
-    @property
-    def reuses_prefixes(self) -> bool:
-        """Whether a cached prefix's K/V can stand in for prefilling it: not for a hybrid model,
-        whose recurrent layers keep state that is not K/V (worker/models/hybrid/)."""
-        return isinstance(self.decoder, Decoder)
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         if num_prompt_tokens < 1:
@@ -296,12 +292,16 @@ class ModelRunner:
         """Continue a fresh sequence from a cached prefix of n tokens and the drafter's snapshot of
         the same n tokens. The target's half is its K/V ([layers, kv_heads, n, head_dim] each,
         copied in) or, for a lane in the KV pool, the ids of the pool blocks that hold them
-        (shared: the lane becomes one more holder of each)."""
+        (shared: the lane becomes one more holder of each), or for a hybrid model its K/V and
+        recurrent states (HybridPrefix)."""
         cache = sequence.cache
         assert cache.length == 0, cache.length
         if isinstance(target, list):
             assert isinstance(cache, PagedKVCache), type(cache)
             cache.share_prefix(target)
+        elif isinstance(target, HybridPrefix):
+            assert isinstance(cache, HybridCache), type(cache)
+            cache.load_prefix(target)
         else:
             cache.load_prefix(*target)
         assert 0 < cache.length < sequence.num_tokens, (cache.length, sequence.num_tokens)
@@ -313,13 +313,14 @@ class ModelRunner:
     def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[PrefixKV, Any]:
         """The target's half of the first `num_tokens` committed tokens and the drafter's snapshot.
         For a lane in the KV pool the target's half is the blocks holding them (whole blocks; the
-        caller `share`s them), else copies of their K/V."""
+        caller `share`s them), else copies of their K/V (for a hybrid model with its recurrent
+        states: HybridPrefix)."""
         cache = sequence.cache
         target: PrefixKV
         if isinstance(cache, PagedKVCache):
             target = cache.prefix_blocks(num_tokens)
         else:
-            target = cache.prefix_kv(num_tokens)  # [layers, kv_heads, n, head_dim] each
+            target = cache.prefix_kv(num_tokens)
         drafter = self.drafter
         if drafter is None:
             return target, None

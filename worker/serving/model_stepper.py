@@ -16,8 +16,9 @@ entry drops its holds. Blocks only the cache holds count as free for admission
 (`free_blocks`): an allocation short of free blocks evicts entries, least recently used first,
 until enough are (`_reclaim`), before the scheduler would have to preempt a lane. A hit that
 takes such blocks away from the cache adds them to the lane's `blocks_needed` in the plan that
-admits it, so the plan does not count them twice. Hybrid models and lanes without a pool copy
-K/V in and out of the entries instead.
+admits it, so the plan does not count them twice. Lanes without a pool copy K/V in and out of
+the entries instead; a hybrid model's entries also hold its recurrent state at each of their
+block boundaries, kept while its prefill passed them (HybridCache.snapshot_every).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from worker.engine.runner import LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.models.hybrid.decoder import HybridDecoder
+from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
 from worker.models.kv_pool import KVPool
 from worker.redis_side.heartbeat import WorkerCounters
 from worker.serving.prefix_cache import PrefixCache, PrefixEntry
@@ -101,9 +103,6 @@ class ModelStepper:
                 getattr(runner.drafter, "name", runner.drafter),
             )
             prefix_cache = None
-        if prefix_cache is not None and not runner.reuses_prefixes:
-            log.warning("the model keeps recurrent state besides K/V: the prefill cache is off")
-            prefix_cache = None
         self.runner = runner
         self.pool = pool  # where the lanes' K/V live (None: a buffer per lane, sized at its start)
         self._decode_rows = verify_rows(runner.drafter)  # a decode step's rows: root + the most draft nodes
@@ -156,6 +155,8 @@ class ModelStepper:
             payload.sequence_id, payload.prompt_ids, payload.params, payload.resumed_ids, self.pool
         )
         state = LaneState(sequence, payload.num_logprobs)
+        if self.prefix_cache is not None and isinstance(sequence.cache, HybridCache):
+            sequence.cache.snapshot_every = self.prefix_cache.block_tokens  # states at its block boundaries
         if not sequence.finished:
             self._reuse_prefix(state)
         if payload.num_logprobs is not None:
@@ -284,6 +285,8 @@ class ModelStepper:
         if state.sequence.num_to_prefill == 0 and not state.stored:
             state.stored = True
             self._store_prefix(state.sequence)
+            if isinstance(state.sequence.cache, HybridCache):
+                state.sequence.cache.forget_snapshots()
 
     def _count_decode(self, state: LaneState, before: tuple[int, int, int], emitted: list[int]) -> None:
         stats, counters = state.stats, self.counters
@@ -324,7 +327,9 @@ class ModelStepper:
             assert reuses_prefixes(drafter)  # or the prefill cache would be off (__init__)
             snapshot = drafter.export_prefix(snapshot, num)
         pool = self.pool
-        if pool is None:
+        if isinstance(hit.target, HybridPrefix):
+            self.runner.attach_prefix(sequence, hit.target.cut(num), snapshot)
+        elif pool is None:
             keys, values = hit.target
             self.runner.attach_prefix(sequence, (keys[:, :, :num], values[:, :, :num]), snapshot)
         else:
@@ -351,6 +356,8 @@ class ModelStepper:
             assert pool is not None
             if cache.insert(token_ids, target, snapshot, len(target) * pool.bytes_per_block + drafter_bytes):
                 pool.allocator.share(target, by_cache=True)  # the entry's holds, dropped in _drop_entry
+        elif isinstance(target, HybridPrefix):
+            cache.insert(token_ids, target, snapshot, target.num_bytes + drafter_bytes)
         else:
             keys, values = target
             cache.insert(token_ids, target, snapshot, 2 * keys.numel() * keys.element_size() + drafter_bytes)

@@ -168,7 +168,10 @@ def _recurrent_lane(lane: LaneRows, span: Span) -> RecurrentLane:
     assert isinstance(cache, HybridCache), type(cache)
     parents = None if lane.tree_mask is None else tree_parents(lane.tree_mask)
     every_position = parents is not None or (lane.num_logits != 0 and span.num_rows <= MAX_VERIFY_TOKENS)
-    return RecurrentLane(cache.recurrent, span.first_row, span.num_rows, every_position, parents)
+    snapshot_every = None if every_position else cache.snapshot_every
+    return RecurrentLane(
+        cache.recurrent, span.first_row, span.num_rows, every_position, parents, span.start, snapshot_every
+    )
 
 
 def tree_parents(tree_mask: torch.Tensor) -> list[int]:

@@ -62,8 +62,16 @@ def chunked_delta_rule(
     beta: torch.Tensor,
     state: torch.Tensor,
     chunk_size: int = CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outputs [heads, T, dv] and the final state [heads, dk, dv], from `state` [heads, dk, dv].
+    offset: int = 0,
+    keep_chunk_states: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Outputs [heads, T, dv], the final state [heads, dk, dv] and, if `keep_chunk_states`, the
+    state after each chunk [chunks, heads, dk, dv], from `state` [heads, dk, dv].
+
+    `offset` tokens of inert padding (k = v = beta = g = 0: they neither write nor decay) go
+    before the first token, so chunks end where a forward starting `offset` tokens after a chunk
+    boundary would have them end: at whole multiples of `chunk_size` from the sequence's start
+    (the states the prefill cache keeps at block boundaries).
 
     Within a chunk (positions i >= j, cumulative log decay c):
       decay[i, j] = exp(c_i - c_j)                  how much of token j's write survives to i
@@ -71,9 +79,9 @@ def chunked_delta_rule(
     then each chunk reads the state carried in from the previous one and hands its own on.
     """
     num_tokens = q.shape[1]
-    pad = (-num_tokens) % chunk_size  # padded tokens have k = v = beta = 0: they write nothing
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    pad = (-(offset + num_tokens)) % chunk_size  # padded tokens have k = v = beta = 0: they write nothing
+    q, k, v = (F.pad(x, (0, 0, offset, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (offset, pad)) for x in (g, beta))
     heads = q.shape[0]
     q, k, v = (x.reshape(heads, -1, chunk_size, x.shape[-1]) for x in (q, k, v))  # [h, chunks, C, d]
     g, beta = g.reshape(heads, -1, chunk_size), beta.reshape(heads, -1, chunk_size)
@@ -91,8 +99,12 @@ def chunked_delta_rule(
     k_write = k * (cum[..., -1:] - cum).exp()[..., None]  # a write decayed to the chunk's end
     chunk_decay = cum[..., -1].exp()[..., None, None]  # [h, n, 1, 1]
     outputs = torch.empty_like(values)
+    chunk_states = []
     for i in range(q.shape[1]):
         corrected = values[:, i] - state_keys[:, i] @ state  # [h, C, dv]
         outputs[:, i] = q_read[:, i] @ state + within[:, i] @ corrected
         state = state * chunk_decay[:, i] + k_write[:, i].transpose(-1, -2) @ corrected
-    return outputs.reshape(heads, -1, outputs.shape[-1])[:, :num_tokens], state
+        if keep_chunk_states:
+            chunk_states.append(state)
+    outputs = outputs.reshape(heads, -1, outputs.shape[-1])[:, offset : offset + num_tokens]
+    return outputs, state, torch.stack(chunk_states) if keep_chunk_states else None

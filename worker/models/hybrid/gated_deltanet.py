@@ -18,6 +18,7 @@ accepted path; a prefill chunk runs the chunked form.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.models.hybrid.config import HybridConfig
-from worker.models.hybrid.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from worker.models.hybrid.delta_rule import CHUNK_SIZE, chunked_delta_rule, recurrent_delta_rule
 from worker.models.hybrid.norms import GatedRMSNorm
 from worker.models.hybrid.recurrent_state import RecurrentState, StagedStep, chain_parents, conv_columns
 from worker.models.linear import Linear
@@ -43,6 +44,8 @@ class RecurrentLane:
     num_rows: int
     every_position: bool  # keep the state after every row (a forward that may be committed in part)
     parents: list[int] | None = None  # a tree's (recurrent_state.py); None: a chain
+    start: int = 0  # the lane's committed tokens before these rows
+    snapshot_every: int | None = None  # a prefill chunk also keeps the state at each multiple of this
 
 
 def l2_normalized(x: torch.Tensor) -> torch.Tensor:
@@ -119,11 +122,25 @@ class GatedDeltaNet(nn.Module):
         state = recurrent.delta_states[slot]
         if lane.every_position:
             out, states = recurrent_delta_rule(q, k, v, g, beta, state, lane.parents)
-        else:
-            assert lane.parents is None, "a tree keeps every row's state"
-            out, final = chunked_delta_rule(q, k, v, g, beta, state)
-            states = final[None]
-        recurrent.stage(slot, StagedStep(window, states, lane.every_position, lane.parents))
+            recurrent.stage(slot, StagedStep(window, states, True, lane.parents))
+            return out
+        assert lane.parents is None, "a tree keeps every row's state"
+        every = lane.snapshot_every
+        if every is None:
+            out, final, _ = chunked_delta_rule(q, k, v, g, beta, state)
+            recurrent.stage(slot, StagedStep(window, final[None], False))
+            return out
+        # chunks that end on the sequence's multiples of `every`: their states are the snapshots
+        chunk = math.gcd(CHUNK_SIZE, every)
+        offset = lane.start % chunk
+        out, final, chunk_states = chunked_delta_rule(q, k, v, g, beta, state, chunk, offset, keep_chunk_states=True)
+        assert chunk_states is not None
+        snapshots = {}
+        for index, chunk_state in enumerate(chunk_states):
+            length = lane.start - offset + (index + 1) * chunk  # the sequence's tokens at this chunk's end
+            if lane.start < length <= lane.start + lane.num_rows and length % every == 0:
+                snapshots[length - lane.start - 1] = chunk_state
+        recurrent.stage(slot, StagedStep(window, final[None], False, snapshots=snapshots))
         return out
 
     def _conv(self, window: torch.Tensor, lane: RecurrentLane) -> torch.Tensor:

@@ -6,9 +6,15 @@ the accepted new tokens. Recurrent state cannot be rearranged the way K/V slots 
 state after one particular token. So the accepted rows must be a root-to-node path of the
 forward (a prefix for a chain: prefill chunks, plain decoding, chain speculation; in a tree,
 where each node's state continued its parent's, any path), and the state after its last row is kept.
+
+For the paired prefill cache, a prefill chunk also keeps the state at each block boundary it
+passes (`snapshot_every`): a prefix is exported as its K/V plus those states (`HybridPrefix`), so
+an entry serves any of its block prefixes, as K/V alone would for a plain model.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +40,9 @@ class HybridCache:
         )
         self.max_tokens = max_tokens
         self.length = 0  # committed tokens
+        # Keep the recurrent state at each multiple of this many tokens a prefill chunk passes
+        # (the prefill cache's blocks: it can then serve any block prefix); None: keep none.
+        self.snapshot_every: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -58,7 +67,7 @@ class HybridCache:
     def release(self) -> None:
         """Back to no tokens at all (a preempted lane is prefilled again from its first token)."""
         self.recurrent.load(torch.zeros_like(self.recurrent.conv_tails), torch.zeros_like(self.recurrent.delta_states))
-        self.length = 0
+        self.length = 0  # (load dropped the snapshots too)
 
     @property
     def num_bytes(self) -> int:
@@ -86,7 +95,7 @@ class HybridCache:
         """
         if accepted is None:
             accepted = list(range(num_new))
-        self.recurrent.commit(num_new, accepted)  # raises NotAPath for anything but a path
+        self.recurrent.commit(num_new, accepted, self.length)  # raises NotAPath for anything but a path
         move_accepted_slots(self.keys, self.values, self.length, accepted)
         self.length += len(accepted)
 
@@ -94,8 +103,55 @@ class HybridCache:
         """Recurrent state cannot be rewound: only a no-op truncation is possible."""
         assert length == self.length, "a hybrid cache cannot be truncated: its recurrent state summarises every token"
 
-    def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        raise NotImplementedError("prefix reuse for hybrid models needs the recurrent state too (phase 2)")
+    def prefix_kv(self, num_tokens: int) -> HybridPrefix:
+        """Copies of the first `num_tokens` committed tokens' K/V, with the recurrent state after
+        them and after every earlier snapshot (the prefix's own block boundaries)."""
+        assert 0 < num_tokens <= self.length, (num_tokens, self.length)
+        states = {n: state for n, state in self.recurrent.snapshots.items() if n <= num_tokens}
+        if num_tokens == self.length:
+            states[num_tokens] = (self.recurrent.conv_tails.clone(), self.recurrent.delta_states.clone())
+        assert num_tokens in states, f"no recurrent state was kept after {num_tokens} tokens"
+        keys, values = self.keys[:, :, :num_tokens].clone(), self.values[:, :, :num_tokens].clone()
+        return HybridPrefix(keys, values, states)
+
+    def load_prefix(self, prefix: HybridPrefix) -> None:
+        """Continue from a cached prefix: its K/V copied in, its last recurrent state installed."""
+        assert self.length == 0, self.length
+        num_tokens = prefix.num_tokens
+        self.keys[:, :, :num_tokens] = prefix.keys
+        self.values[:, :, :num_tokens] = prefix.values
+        self.recurrent.load(*prefix.states[num_tokens])
+        self.recurrent.snapshots = dict(prefix.states)  # read-only: a longer prefix stored later holds them too
+        self.length = num_tokens
+
+    def forget_snapshots(self) -> None:
+        """Prefill is over (its prefix stored or not): the snapshots are of no more use."""
+        self.recurrent.snapshots = {}
+
+
+@dataclass(slots=True)
+class HybridPrefix:
+    """A cached prefix of a hybrid model: K/V of its attention layers, and the recurrent state
+    after its last token and after each of its block boundaries (so it serves shorter prefixes)."""
+
+    keys: torch.Tensor  # [attention layers, kv_heads, n, head_dim]
+    values: torch.Tensor
+    states: dict[int, tuple[torch.Tensor, torch.Tensor]]  # length -> (conv tails, delta states)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def num_bytes(self) -> int:
+        tensors = [self.keys, self.values, *(t for state in self.states.values() for t in state)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def cut(self, num_tokens: int) -> HybridPrefix:
+        """The first `num_tokens` (a length with a state): views, nothing copied."""
+        assert num_tokens in self.states, (num_tokens, sorted(self.states))
+        states = {n: state for n, state in self.states.items() if n <= num_tokens}
+        return HybridPrefix(self.keys[:, :, :num_tokens], self.values[:, :, :num_tokens], states)
 
 
 def _element_size(dtype: torch.dtype) -> int:

@@ -16,7 +16,7 @@ kernel - 1 tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,6 +52,7 @@ class StagedStep:
     states: torch.Tensor  # [T, heads, dk, dv] after each new token, or [1, ...] after the last only
     every_position: bool  # False: only the last state was kept (a prefill chunk, committed whole)
     parents: list[int] | None = None  # a tree's: row i continues row parents[i] (-1: the committed state)
+    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)  # row -> the state after it (prefill cache)
 
     def tail_after(self, row: int, width: int) -> torch.Tensor:
         """The conv tail [conv_dim, width] once rows up to `row` (along its path) are committed."""
@@ -79,6 +80,9 @@ class RecurrentState:
         self.conv_tails = torch.zeros(num_layers, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
         self.delta_states = torch.zeros(num_layers, *state_shape, dtype=state_dtype, device=device)
         self.staged: list[StagedStep | None] = [None] * num_layers
+        # The committed state at some earlier lengths (the prefill cache's block boundaries):
+        # length -> (conv tails, delta states), shaped as the two tensors above.
+        self.snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def num_bytes(self) -> int:
@@ -87,9 +91,13 @@ class RecurrentState:
     def stage(self, layer: int, step: StagedStep) -> None:
         self.staged[layer] = step
 
-    def commit(self, num_new: int, accepted: list[int]) -> None:
-        """Install, in every layer, the state after the last of the `accepted` rows of `num_new` staged."""
+    def commit(self, num_new: int, accepted: list[int], start: int = 0) -> None:
+        """Install, in every layer, the state after the last of the `accepted` rows of `num_new` staged
+        (`start`: the committed tokens before them, where staged snapshots are filed)."""
         width = self.conv_tails.shape[-1]
+        snapshot_rows = self._snapshot_rows()
+        tails: dict[int, list[torch.Tensor]] = {row: [] for row in snapshot_rows}
+        states: dict[int, list[torch.Tensor]] = {row: [] for row in snapshot_rows}
         for layer, step in enumerate(self.staged):
             if step is None:
                 continue
@@ -102,12 +110,27 @@ class RecurrentState:
                 )
                 self.delta_states[layer] = step.states[last if step.every_position else -1]
                 self.conv_tails[layer] = step.tail_after(last, width)
+            for row in snapshot_rows:
+                tails[row].append(step.tail_after(row, width))
+                states[row].append(step.snapshots[row])
             self.staged[layer] = None
+        for row in snapshot_rows:
+            self.snapshots[start + row + 1] = (torch.stack(tails[row]), torch.stack(states[row]))
+
+    def _snapshot_rows(self) -> list[int]:
+        """Rows after which every layer staged its state for a snapshot (a prefill chunk, committed whole)."""
+        staged = [step for step in self.staged if step is not None]
+        if not staged or not staged[0].snapshots:
+            return []
+        rows = sorted(staged[0].snapshots)
+        assert len(staged) == len(self.staged) and all(sorted(s.snapshots) == rows for s in staged)
+        return rows
 
     def load(self, conv_tails: torch.Tensor, delta_states: torch.Tensor) -> None:
         self.conv_tails.copy_(conv_tails)
         self.delta_states.copy_(delta_states)
         self.staged = [None] * len(self.staged)
+        self.snapshots = {}
 
 
 def _check_path(rows: list[int], parents: list[int]) -> None:

@@ -33,7 +33,7 @@ def _inputs(num_tokens: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 def _ours(form, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     q, k = l2_normalized(x["q"]) * DK**-0.5, l2_normalized(x["k"])
-    return form(q, k, x["v"], x["g"], x["beta"], x["state"])
+    return form(q, k, x["v"], x["g"], x["beta"], x["state"])[:2]
 
 
 def _theirs(form, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +69,25 @@ def test_the_two_forms_agree_in_float64(num_tokens):
     recurrent_out, states = _ours(recurrent_delta_rule, x)
     assert torch.allclose(chunked_out, recurrent_out, atol=1e-10)
     assert torch.allclose(final, states[-1], atol=1e-10)
+
+
+@pytest.mark.parametrize(("offset", "num_tokens"), [(0, 70), (5, 70), (31, 33), (20, 12)])
+def test_chunks_end_at_whole_multiples_of_the_chunk_size_from_the_sequences_start(offset, num_tokens):
+    """A forward starting `offset` tokens past a chunk boundary: its outputs and final state are
+    unchanged by the inert padding, and each chunk's state is the recurrent state at a multiple
+    of the chunk size (counted from the sequence's start)."""
+    x = _inputs(num_tokens, torch.float64)
+    q, k = l2_normalized(x["q"]) * DK**-0.5, l2_normalized(x["k"])
+    args = (q, k, x["v"], x["g"], x["beta"], x["state"])
+    out, final, chunk_states = chunked_delta_rule(*args, chunk_size=32, offset=offset, keep_chunk_states=True)
+    recurrent_out, states = recurrent_delta_rule(*args)
+    assert torch.allclose(out, recurrent_out, atol=1e-10) and torch.allclose(final, states[-1], atol=1e-10)
+    num_chunks = -(-(offset + num_tokens) // 32)
+    ends = [(chunk + 1) * 32 - offset for chunk in range(num_chunks)]  # tokens of this forward at each chunk's end
+    assert chunk_states is not None and len(chunk_states) == len(ends)
+    for chunk_state, end in zip(chunk_states, ends, strict=True):
+        if end <= num_tokens:
+            assert torch.allclose(chunk_state, states[end - 1], atol=1e-10), end
 
 
 def test_a_tree_node_continues_its_parents_state():

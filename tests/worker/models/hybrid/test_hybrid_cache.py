@@ -1,6 +1,6 @@
 """The hybrid cache keeps the KV cache's commit contract: after a verification (chain or tree) the
 state after the last accepted row is kept, and what recurrent state cannot express (rows that
-are not a path, a prefill chunk committed in part, prefix reuse) is refused rather than served wrong."""
+are not a path, a prefill chunk committed in part) is refused rather than served wrong."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.hybrid.recurrent_state import NotAPath
 from worker.models.loader import LoadedModel, load_model
 from worker.serving.model_stepper import ModelStepper
-from worker.serving.prefix_cache import PrefixCache
 
 PROMPT = [5, 17, 42, 99, 7, 3, 11, 60, 2, 31, 8]
 DRAFT = [44, 45, 46]
@@ -108,12 +107,6 @@ def test_a_prefill_chunk_is_committed_whole(model):
     decoder(torch.tensor(DRAFT), torch.arange(cache.length, cache.length + 3), cache, num_logits=0)
     with pytest.raises(AssertionError, match="committed whole"):
         cache.commit(3, [0, 1])
-
-
-def test_prefill_cache_is_off_for_hybrid_models(model):
-    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids)
-    assert not runner.reuses_prefixes
-    assert ModelStepper(runner, PrefixCache(1 << 20)).prefix_cache is None
 
 
 def test_a_lanes_admission_cost_is_what_its_cache_holds(model):
