@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 
 from shared.sampling import SamplingParams
-from shared.structured_output import StructuredOutput, choice_output, json_schema_output
+from shared.structured_output import StructuredOutput, choice_output, json_schema_output, tool_call_output
 from tests.support.tiny_drafters import one_torch_thread
+from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from tests.support.tiny_models import make_tiny_model
 from worker.engine.generate import generate
 from worker.serving_model import ServingModel, load_serving_model
@@ -63,9 +64,13 @@ REGEXES = [r"[A-Z]{2}-[0-9]{3}", r"(yes|no), (because|since) [a-z]{1,5}\."]
 SEEDS = (0, 1, 2)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> ServingModel:
-    return load_serving_model(make_tiny_model(tmp_path_factory.mktemp("structured") / "tiny"), "none")
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_next"])
+def served(request, tmp_path_factory: pytest.TempPathFactory) -> ServingModel:
+    """A plain tiny model, and a hybrid (gated DeltaNet + gated attention): the mask serves both."""
+    folder = tmp_path_factory.mktemp("structured") / "tiny"
+    if request.param == "qwen3":
+        return load_serving_model(make_tiny_model(folder), "none")
+    return load_serving_model(make_tiny_hybrid_model(folder, request.param), "none")
 
 
 def answer(served: ServingModel, output: StructuredOutput, seed: int) -> tuple[str, str]:
@@ -104,3 +109,26 @@ def test_without_the_mask_the_model_writes_no_json(served: ServingModel) -> None
         text = generate(served.runner, served.tokenizer, served.encode_text("Answer:"), params).text
     with pytest.raises(ValueError):
         json.loads(text)
+
+
+def test_forced_tool_calls_carry_arguments_valid_for_their_function(served: ServingModel) -> None:
+    """tool_choice "required": the <tool_call> block names a function and its arguments validate
+    against that function's parameters (one call: parallel calls from a random model run on)."""
+    weather = {
+        "type": "object",
+        "properties": {"city": NAME, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    }
+    nothing = {"type": "object", "properties": {}, "additionalProperties": False}
+    functions = [{"name": "get_weather", "parameters": weather}, {"name": "noop", "parameters": nothing}]
+    for seed in SEEDS:
+        text, finish_reason = answer(served, tool_call_output(functions, False, "tool_choice"), seed)
+        assert finish_reason == "stop", (seed, text)
+        blocks = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, flags=re.DOTALL)
+        assert len(blocks) == 1 and f"<tool_call>\n{blocks[0]}\n</tool_call>" == text, text
+        call = json.loads(blocks[0])
+        if call["name"] == "get_weather":
+            jsonschema.validate(call["arguments"], weather)
+        else:
+            assert call["name"] == "noop" and call["arguments"] == {}, call

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from shared import keys
@@ -54,13 +55,17 @@ def ghost_publishes(client: redis.Redis, served, request_id: str, prompt_ids: li
     client.hset(keys.job_state(request_id), mapping=state.to_fields())
 
 
-def test_a_dead_workers_job_is_reclaimed_and_the_stream_continues_seamlessly(redis_server, client, served_none):
+@pytest.mark.parametrize("served_name", ["served_none", "served_hybrid"])
+def test_a_dead_workers_job_is_reclaimed_and_the_stream_continues_seamlessly(
+    redis_server, client, request, served_name
+):
+    served = request.getfixturevalue(served_name)
     body = chat_body("Once upon a time", max_tokens=24)
-    prompt_ids, expected = reference(served_none, body)
+    prompt_ids, expected = reference(served, body)
     request_id = submit(client, body)
     ghost_reads(client)
-    ghost_publishes(client, served_none, request_id, prompt_ids, expected.token_ids[:7])
-    with InProcessWorker(service_config(redis_server.url), served_none):
+    ghost_publishes(client, served, request_id, prompt_ids, expected.token_ids[:7])
+    with InProcessWorker(service_config(redis_server.url), served):
         events = wait_done(client, request_id, timeout_s=30)
     assert text_of(events) == expected.text
     assert token_ids_of(events) == expected.token_ids

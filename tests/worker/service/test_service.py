@@ -99,26 +99,32 @@ def test_n_choices_run_as_separate_lanes(redis_server, client, served_none):
     assert sorted(e.choice for e in events if isinstance(e, FinalEvent)) == [0, 1]
 
 
-def test_a_second_request_with_the_same_system_prompt_hits_the_prefill_cache(redis_server, client, served_ngram):
+@pytest.mark.parametrize("served_name", ["served_ngram", "served_hybrid_ngram"])
+def test_a_second_request_with_the_same_system_prompt_hits_the_prefill_cache(
+    redis_server, client, request, served_name
+):
+    served = request.getfixturevalue(served_name)
     first = chat_body([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}])
     second = chat_body([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit, please."}])
     config = service_config(redis_server.url, speculation="ngram")
-    with InProcessWorker(config, served_ngram):
+    with InProcessWorker(config, served):
         wait_done(client, submit(client, first))
         events = wait_done(client, submit(client, second))
         wait_for(lambda: heartbeat_of(client, config.worker_id).prefix_cache_hits == 1, 5, "the hit in the heartbeat")
         beat = heartbeat_of(client, config.worker_id)
     assert beat.prefix_cache_queries == 2
     assert events[-1].stats.model_extra["prefix_cache_tokens"] >= 32
-    cold = reference(served_ngram, second)[1]
+    cold = reference(served, second)[1]
     assert text_of(events) == cold.text and token_ids_of(events) == cold.token_ids
     assert events[-1].stats.accepted_tokens == cold.stats.accepted_tokens  # the drafter lost nothing
 
 
-def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client, served_none):
+@pytest.mark.parametrize("served_name", ["served_none", "served_hybrid"])
+def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client, request, served_name):
+    served = request.getfixturevalue(served_name)
     # "Before its next step" is pinned without timing in test_owner/test_scheduler; here the cancel
     # travels through Redis, so how many steps run meanwhile depends on the machine's load.
-    with InProcessWorker(service_config(redis_server.url), served_none) as worker:
+    with InProcessWorker(service_config(redis_server.url), served) as worker:
         request_id = submit(client, chat_body("Tell me a long story", max_tokens=400))
         wait_for(lambda: len(events_of(client, request_id)) >= 3, 30, "a few deltas")
         client.set(keys.cancel_key(request_id), "1", ex=60)
@@ -194,7 +200,9 @@ def test_a_worker_drains_on_stop_finishing_its_lanes_and_reading_nothing_new(red
     assert client.xlen(keys.request_stream(MODEL)) == 1  # the queued job waits for another worker
 
 
-def test_the_reasoning_budget_closes_the_think_tag_in_a_real_stream(redis_server, client, served_none):
+@pytest.mark.parametrize("served_name", ["served_none", "served_hybrid"])
+def test_the_reasoning_budget_closes_the_think_tag_in_a_real_stream(redis_server, client, request, served_name):
+    served = request.getfixturevalue(served_name)
     from worker.chat.template import ChatTemplate
     from worker.redis_side.jobs import FORCED_CLOSE
     from worker.serving_model import ServingModel as Model
@@ -204,11 +212,11 @@ def test_the_reasoning_budget_closes_the_think_tag_in_a_real_stream(redis_server
         "<|im_start|>assistant\n<think>\n"
     )
     model = Model(
-        served_none.name,
+        served.name,
         "none",
-        served_none.loaded,
-        served_none.runner,
-        ChatTemplate(thinking, served_none.loaded.checkpoint.special_tokens),
+        served.loaded,
+        served.runner,
+        ChatTemplate(thinking, served.loaded.checkpoint.special_tokens),
     )
     body = chat_body("Think briefly", max_tokens=30, reasoning_budget=5, ignore_eos=True)
     with InProcessWorker(service_config(redis_server.url), model):
