@@ -29,7 +29,7 @@ from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
-from worker.engine.verifier import accept, tree_inputs
+from worker.engine.verifier import accept, takes_argmax, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
 from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
 from worker.models.kv_pool import KVPool, PagedKVCache
@@ -63,6 +63,7 @@ class LaneWork:
     out: ForwardOutput | None = None
     proposed: bool = False  # its tree came from the drafter's batched proposal
     observed: TargetStates | None = None  # what the drafter is shown once the step is committed
+    targets: list[int] | None = None  # its rows' argmaxes, where each row's token is just that
 
     @property
     def is_prefill(self) -> bool:
@@ -169,6 +170,7 @@ class ModelRunner:
             self._guarded(work, self._draft)
         drafted = time.perf_counter()
         self._forward_all([work for work in works if work.error is None])
+        self._argmax_together([work for work in works if work.error is None and not work.is_prefill])
         for work in works:
             self._guarded(work, self._finish)
         self._observe_together([work for work in works if work.error is None and work.observed is not None])
@@ -251,6 +253,17 @@ class ModelRunner:
         for work, out in zip(works, outs, strict=True):
             work.out = out
 
+    def _argmax_together(self, works: list[LaneWork]) -> None:
+        """The rows' argmaxes of every lane that takes them as its tokens, read back in one
+        device-to-host transfer for the step (not one per lane)."""
+        greedy = [(work, work.out.logits) for work in works if work.out is not None and takes_argmax(work.sequence)]
+        if len(greedy) < 2:
+            return
+        flat = torch.cat([logits.argmax(dim=-1) for _, logits in greedy]).tolist()
+        first = 0
+        for work, logits in greedy:
+            work.targets, first = flat[first : first + logits.shape[0]], first + logits.shape[0]
+
     def _forward_alone(self, work: LaneWork) -> None:
         assert work.rows is not None
         work.out = self._forward([work.rows])[0]
@@ -264,7 +277,7 @@ class ModelRunner:
             work.observed = self._observe(sequence, rows.token_ids, start, out, rows=None)
             return
         tree = work.tree
-        verdict = accept(sequence, tree, out.logits)
+        verdict = accept(sequence, tree, out.logits, work.targets)
         kept = [0] + [node + 1 for node in verdict.accepted_nodes]
         sequence.cache.commit(1 + tree.num_nodes, kept)
         committed = [sequence.root_token] + [tree.tokens[node] for node in verdict.accepted_nodes]

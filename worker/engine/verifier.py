@@ -36,12 +36,20 @@ def tree_inputs(sequence: Sequence, tree: DraftTree) -> tuple[list[int], list[in
     return token_ids, positions, mask
 
 
-def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor) -> Verdict:
-    """logits: [1+n, vocab], row 0 after the root, row i+1 after node i."""
+def takes_argmax(sequence: Sequence) -> bool:
+    """Whether every row's token is simply its logits' argmax: greedy, nothing that moves the
+    argmax, and past min_tokens (every node's history is longer still)."""
     params = sequence.params
-    # Past min_tokens (every node's history is longer still), a greedy row's token is its argmax.
-    if params.greedy and not changes_greedy_choice(params) and len(sequence.output_ids) >= params.min_tokens:
-        targets = logits.argmax(dim=-1).tolist()  # one pass for every row
+    return params.greedy and not changes_greedy_choice(params) and len(sequence.output_ids) >= params.min_tokens
+
+
+def accept(sequence: Sequence, tree: DraftTree, logits: torch.Tensor, targets: list[int] | None = None) -> Verdict:
+    """logits: [1+n, vocab], row 0 after the root, row i+1 after node i. `targets`: the rows'
+    argmaxes where the caller has them already (read for every lane of a step at once)."""
+    params = sequence.params
+    if takes_argmax(sequence):
+        if targets is None:
+            targets = logits.argmax(dim=-1).tolist()  # one pass for every row
         accepted, emitted = walk(tree, lambda node: targets[node + 1])
         return Verdict(accepted, emitted)
 
