@@ -15,7 +15,8 @@ from worker.models.loader import LoadedModel
 
 SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
 DEFAULT_SPECULATION = "mtp"
-HYBRID_MODES = ("ngram",)  # hybrid models (worker/models/hybrid/): no drafter model validated on them yet
+# Served on hybrid models (worker/models/hybrid/); the other drafters are not validated there yet.
+HYBRID_MODES = ("ngram", "dflash", "tree")
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,7 +65,7 @@ def load_drafter(mode: str, model: LoadedModel, options: DraftOptions) -> Drafte
     model_type = model.config.model_type
     if model_type in HYBRID_MODEL_TYPES and mode not in HYBRID_MODES:
         raise DrafterError(
-            f"speculation={mode!r} is not served for model_type={model_type!r} yet (no drafter model is "
+            f"speculation={mode!r} is not served for model_type={model_type!r} yet (its drafter is not "
             f"validated on hybrid targets); choose none or {', '.join(HYBRID_MODES)}"
         )
     return DRAFTERS[mode](model, options)

@@ -1,7 +1,8 @@
 """Chain speculation over recurrent state is lossless: n-gram speculation gives plain decoding's
 greedy tokens exactly (float64, so a 4-row verification and a 1-row step cannot disagree on an
 argmax through rounding), with drafts accepted; so does tree verification (an oracle drafter's
-trees); serving modes with a drafter model are refused.
+trees); modes whose drafter is not validated on hybrids are refused (dflash and tree are
+served: test_hybrid_dflash).
 
 Random hybrid models are too chaotic for prompt lookup: their greedy runs never revisit an n-gram.
 So the target here has tied embeddings and its mixers' and MLPs' output projections damped: the
@@ -22,7 +23,7 @@ from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_m
 from worker.cli import resolve_default_speculation
 from worker.drafters.base import DrafterError
 from worker.drafters.oracle import OracleDrafter, greedy_reference
-from worker.drafters.registry import DraftOptions, load_drafter
+from worker.drafters.registry import HYBRID_MODES, SPECULATION_MODES, DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
@@ -76,11 +77,12 @@ def test_ngram_speculation_gives_plain_greedy_tokens(model):
     assert 0 < num_accepted < num_drafted
 
 
-@pytest.mark.parametrize("mode", ["tree", "dflash", "mtp"])
-def test_modes_beyond_chains_are_refused_in_one_line(model, mode):
+@pytest.mark.parametrize("mode", [mode for mode in SPECULATION_MODES if mode not in ("none", *HYBRID_MODES)])
+def test_modes_not_served_on_hybrids_are_refused_in_one_line(model, mode):
     with pytest.raises(DrafterError, match=f"speculation='{mode}' is not served for model_type") as error:
         load_drafter(mode, model, DraftOptions())
     assert "\n" not in str(error.value)
+    assert f"choose none or {', '.join(HYBRID_MODES)}" in str(error.value)
 
 
 def test_an_unset_mode_falls_back_to_ngram_even_with_an_mtp_head(tmp_path, monkeypatch):
