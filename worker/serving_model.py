@@ -12,6 +12,7 @@ from worker.chat.template import ChatTemplate, ChatTemplateError
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.grammar_constraint import GrammarMasks
 from worker.engine.runner import ModelRunner
+from worker.models.decoder import DECODE_BUCKETS, Decoder
 from worker.models.loader import LoadedModel, load_model
 
 
@@ -59,8 +60,11 @@ def load_serving_model(
     loaded = load_model(model, dtype=dtype, cache_dir=cache_dir, quantize=quantize)
     options = options or DraftOptions()
     drafter = load_drafter(speculation, loaded, options)
-    if loaded.decoder.selector is not None:  # the decode format: the one fastest at this mode's width
-        loaded.decoder.set_decode_rows(verify_rows(drafter))
+    decoder = loaded.decoder
+    if decoder.selector is not None:  # the decode format: the one fastest at this mode's width
+        decoder.set_decode_rows(verify_rows(drafter))
+    if isinstance(decoder, Decoder) and decoder.device.type == "cuda":
+        decoder.decode_buckets = DECODE_BUCKETS  # on a CPU padding rows only cost
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)
     runner = ModelRunner(loaded.decoder, loaded.checkpoint.eos_token_ids, drafter, max_context, max_nodes)
     runner.grammar_masks = GrammarMasks.for_model(loaded)  # its tokenizer is read on first use

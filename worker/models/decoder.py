@@ -137,8 +137,8 @@ class Attention(nn.Module):
         attention per lane over its own K/V (ragged lengths, each lane its own mask)."""
         cache = spans[0].cache
         if (
-            len(spans) == 1 and isinstance(cache, KVCache) and packed is None
-        ):  # one lane in its own buffer: the plain path
+            len(spans) == 1 and isinstance(cache, KVCache) and packed is None and spans[0].num_rows == x.shape[0]
+        ):  # one lane in its own buffer, no padding rows: the plain path
             return self.forward(x, cos, sin, cache.keys[layer], cache.values[layer], spans[0].start, spans[0].mask)
         num_rows = x.shape[0]
         q, k, v = self.rotated_qkv(x, cos, sin)  # [heads, R, d], [kv_heads, R, d], [R, kv_heads, d]
@@ -153,9 +153,12 @@ class Attention(nn.Module):
             outs.append(grouped_attention(q[:, rows], keys, values, span.mask))
         if packed is None:
             out = torch.cat([o for o in outs if o is not None], dim=1) if len(outs) > 1 else outs[0]
+            assert out is not None
+            if out.shape[1] < num_rows:  # a bucket's padding rows (Decoder.decode_buckets) attend to nothing
+                out = torch.cat((out, out.new_zeros(out.shape[0], num_rows - out.shape[1], out.shape[2])), dim=1)
         else:
             picked = packed.rows
-            out = q.new_empty(q.shape)  # [heads, R, d]
+            out = q.new_zeros(q.shape)  # [heads, R, d]
             out[:, picked] = packed.attend(layer, q, k[:, picked], v[:, picked])
             for span, lane_out in zip(spans, outs, strict=True):
                 if lane_out is not None:
@@ -295,6 +298,10 @@ def _packed_rows(spans: list[Span]) -> PackedRows | None:
     return PackedRows(pool, caches, first_rows, masks)
 
 
+# vLLM's shape of decode buckets: small batches one by one, then every 8 rows.
+DECODE_BUCKETS = (1, 2, 4, *range(8, 257, 8))
+
+
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -306,6 +313,10 @@ class Decoder(nn.Module):
         self.rotary: RotaryEmbedding | None = None
         self.activation_dtype: torch.dtype | None = None  # set where the linears' formats differ from it
         self.selector: FormatSelector | None = None  # which format serves a forward (PlannedLinear layers)
+        # Row counts a decode step is padded up to (DECODE_BUCKETS where set, on CUDA): a step's
+        # linear layers, norms and MLP then run in a few fixed shapes, the pieces a CUDA graph can
+        # capture around the attention (as vLLM's piecewise graphs do). None: exactly its rows.
+        self.decode_buckets: tuple[int, ...] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -332,6 +343,14 @@ class Decoder(nn.Module):
         """Forwards with logits in the plan's format for `num_rows` (a mode's verification width)."""
         assert self.selector is not None, "a decoder on the exact path holds one format"
         self.selector.set(self.selector.plan, self.selector.plan.format_for(num_rows))
+
+    def _bucket_padding(self, lanes: Sequence[LaneRows], num_rows: int) -> int:
+        """Rows to pad a decode step with, up to its bucket (0: not a decode step, or past the last)."""
+        buckets = self.decode_buckets
+        if buckets is None or any(lane.num_logits == 0 for lane in lanes):  # prefill chunks keep their shape
+            return 0
+        bucket = next((size for size in buckets if size >= num_rows), num_rows)
+        return bucket - num_rows
 
     def head_weight(self) -> torch.Tensor:
         """lm_head's weight [vocab, hidden] as a dense tensor (for a drafter's vocabulary subset)."""
@@ -376,6 +395,8 @@ class Decoder(nn.Module):
         packed = _packed_rows(spans)
         token_ids = [token for lane in lanes for token in lane.token_ids]
         positions = [position for lane in lanes for position in lane.positions]
+        padding = self._bucket_padding(lanes, len(token_ids))
+        token_ids, positions = token_ids + [0] * padding, positions + [0] * padding
         cos, sin = self.rotary(torch.tensor(positions, device=self.device))
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}

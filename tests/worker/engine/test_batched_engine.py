@@ -17,6 +17,7 @@ from tests.worker.speculation.test_lossless import FAMILIES, MODES, decode, load
 from worker.drafters.prompt_lookup import PromptLookupDrafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
+from worker.models.decoder import DECODE_BUCKETS
 from worker.models.kv_pool import KVPool
 from worker.serving.model_stepper import LaneStart, ModelStepper
 from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
@@ -95,6 +96,28 @@ def test_each_lane_of_a_batch_emits_its_greedy_tokens_alone(family, mode):
     assert max(lanes_per_step) >= 6, "lanes did share steps"
     assert_as_alone(family, lanes, outputs)
     assert pool.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("mode", ["none", "mtp", "tree"])
+def test_decode_steps_padded_to_fixed_buckets_emit_the_same_tokens(mode):
+    """With decode buckets (what a CUDA worker runs, for graph capture) a decode step's rows are
+    padded up to a fixed count; the padding attends to nothing and changes no lane's tokens."""
+    family = "qwen3"
+    runner = runner_for(family, mode)
+    decoder = runner.decoder
+    shapes: list[int] = []
+    hook = decoder.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(args[0].shape[0]))
+    decoder.decode_buckets = DECODE_BUCKETS
+    try:
+        lanes = lanes_for(family)
+        outputs, pool, _, _ = run_batched(runner, lanes)
+    finally:
+        decoder.decode_buckets = None
+        hook.remove()
+    assert_as_alone(family, lanes, outputs)
+    assert pool.allocator.num_used == 0
+    assert set(shapes) - set(DECODE_BUCKETS), "prefill chunks keep their own shapes"
+    assert any(rows in DECODE_BUCKETS and rows not in (1, 2, 4) for rows in shapes), shapes
 
 
 @pytest.mark.parametrize("mode", MODES)
