@@ -3,11 +3,12 @@
 Order of a run, on one stack (embedded Redis, gateway, the first worker count):
 1. gateway + Redis vs in-process generate, in the first speculation mode: one client, sequential
    requests, the two paths alternating request by request (same model, mode, dtype and threads);
-2. the concurrency sweep, lowest level first;
-3. scaling at the highest level: the other worker counts, then the first count again, so the
-   baseline brackets them (A B A) and a drift in machine load shows up as A != A;
-4. each further speculation mode: the workers restarted in it (Redis and the gateway stay up),
-   then its sweep.
+2. the concurrency sweep, lowest level first; with several speculation modes the modes take
+   turns level by level, in alternating order (none mtp | mtp none | none mtp ...), the workers
+   restarted in the next mode between them (Redis and the gateway stay up), so each level's
+   modes are measured back to back and a drift in machine load falls on both;
+3. scaling at the highest level, in the first mode: the other worker counts, then the first count
+   again, so the baseline brackets them (A B A) and a drift in machine load shows up as A != A.
 
 With --base-url only the sweep runs, against that server, with the same client.
 """
@@ -153,7 +154,7 @@ def _run_against(config: ServingConfig, model_name: str, bar: tqdm) -> Measured:
 def _run_stack(config: ServingConfig, folder: Path, bar: tqdm) -> Measured:
     previous_handler = signal.getsignal(signal.SIGTERM)
     raise_keyboard_interrupt_on_sigterm()
-    first_mode, *other_modes = config.speculation
+    first_mode = config.speculation[0]
     stack = Stack(
         folder,
         config.model,
@@ -171,16 +172,32 @@ def _run_stack(config: ServingConfig, folder: Path, bar: tqdm) -> Measured:
             _warm_up(stack.base_url, stack.model_name, 2 * len(stack.workers), config)
             measured = Measured(stack.model_name, [])
             measured.comparison = compare_in_process(stack, config, bar) if config.compare_requests else None
-            measured.modes.append({"mode": first_mode, "sweep": _sweep(stack, config, bar)})
+            measured.modes = _interleaved_sweeps(stack, config, bar)
+            if len(config.worker_counts) > 1 and stack.speculation != first_mode:
+                _switch_mode(stack, config, first_mode, bar)
             measured.scaling = run_scaling(stack, config, _top_level(measured.modes[0]["sweep"]), bar)
-            for mode in other_modes:
-                bar.set_postfix_str(f"restarting the workers in {mode}")
-                stack.restart_workers(mode)
-                _warm_up(stack.base_url, stack.model_name, 2 * len(stack.workers), config)
-                measured.modes.append({"mode": mode, "sweep": _sweep(stack, config, bar)})
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
     return measured
+
+
+def _interleaved_sweeps(stack: Stack, config: ServingConfig, bar: tqdm) -> list[dict]:
+    """One sweep per mode, the modes taking turns at each level (module docstring, step 2)."""
+    modes = list(config.speculation)
+    sweeps: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for index, concurrency in enumerate(config.concurrency):
+        for mode in modes if index % 2 == 0 else modes[::-1]:
+            if stack.speculation != mode:
+                _switch_mode(stack, config, mode, bar)
+            level = _level(stack.base_url, stack.model_name, config, concurrency, bar)
+            sweeps[mode].append({"workers": len(stack.workers), **level})
+    return [{"mode": mode, "sweep": sweeps[mode]} for mode in modes]
+
+
+def _switch_mode(stack: Stack, config: ServingConfig, mode: str, bar: tqdm) -> None:
+    bar.set_postfix_str(f"restarting the workers in {mode}")
+    stack.restart_workers(mode)
+    _warm_up(stack.base_url, stack.model_name, 2 * len(stack.workers), config)
 
 
 def _top_level(sweep: list[dict]) -> dict:
@@ -207,13 +224,6 @@ def _bodies(model_name: str, config: ServingConfig, count: int, max_tokens: int 
             ignore_eos=config.ignore_eos,
         )
         for i in range(count)
-    ]
-
-
-def _sweep(stack: Stack, config: ServingConfig, bar: tqdm) -> list[dict]:
-    return [
-        {"workers": len(stack.workers), **_level(stack.base_url, stack.model_name, config, concurrency, bar)}
-        for concurrency in config.concurrency
     ]
 
 
