@@ -52,6 +52,16 @@ def l2_normalized(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
 
 
+def _chains_of_equal_length(lanes: list[RecurrentLane]) -> list[list[int]]:
+    """Indices of lanes that can share one recurrence: chains (decode rows, chain verification)
+    that keep every row's state, grouped by their number of rows, two or more to a group."""
+    groups: dict[int, list[int]] = {}
+    for index, lane in enumerate(lanes):
+        if lane.every_position and lane.parents is None:
+            groups.setdefault(lane.num_rows, []).append(index)
+    return [group for group in groups.values() if len(group) > 1]
+
+
 class GatedDeltaNet(nn.Module):
     def __init__(self, config: HybridConfig):
         super().__init__()
@@ -103,11 +113,16 @@ class GatedDeltaNet(nn.Module):
         own committed state (staged back to it for its commit)."""
         num_rows = x.shape[0]
         mixed, z, b, a = self.project(x)
-        outs = []
-        for lane in lanes:
-            rows = slice(lane.first_row, lane.first_row + lane.num_rows)
-            outs.append(self._recur(mixed[rows], b[rows], a[rows], slot, lane, x.dtype))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [v_heads, R, dv]
+        outs: list[torch.Tensor | None] = [None] * len(lanes)
+        for group in _chains_of_equal_length(lanes):  # decode rows, chains: one recurrence for all
+            for index, out in zip(group, self._recur_together(mixed, b, a, slot, [lanes[i] for i in group], x.dtype)):
+                outs[index] = out
+        for index, lane in enumerate(lanes):
+            if outs[index] is None:
+                rows = slice(lane.first_row, lane.first_row + lane.num_rows)
+                outs[index] = self._recur(mixed[rows], b[rows], a[rows], slot, lane, x.dtype)
+        done = [out for out in outs if out is not None]
+        out = done[0] if len(done) == 1 else torch.cat(done, dim=1)  # [v_heads, R, dv]
         out = self.norm(out.transpose(0, 1).to(x.dtype), z)  # [R, v_heads, dv]
         return self.out_proj(out.reshape(num_rows, self.value_dim))
 
@@ -142,6 +157,43 @@ class GatedDeltaNet(nn.Module):
                 snapshots[length - lane.start - 1] = chunk_state
         recurrent.stage(slot, StagedStep(window, final[None], False, snapshots=snapshots))
         return out
+
+    def _recur_together(
+        self,
+        mixed: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        slot: int,
+        lanes: list[RecurrentLane],
+        dtype: torch.dtype,
+    ) -> list[torch.Tensor]:
+        """`_recur` for G lanes of T chain rows each that keep every row's state: the same products
+        per lane (bitwise what each gives alone), with lanes stacked into the head dimension so the
+        per-token recurrence runs once for all of them. Outputs [v_heads, T, dv] per lane."""
+        num_lanes, num_tokens, heads = len(lanes), lanes[0].num_rows, self.num_v_heads
+        rows = torch.tensor(
+            [lane.first_row + t for lane in lanes for t in range(num_tokens)], device=mixed.device
+        )  # [G * T]
+        tails = torch.stack([lane.recurrent.conv_tails[slot] for lane in lanes])  # [G, conv_dim, kernel - 1]
+        windows = torch.cat((tails, mixed[rows].view(num_lanes, num_tokens, -1).transpose(1, 2)), dim=-1)
+        weight = self.conv1d.weight  # [conv_dim, 1, kernel]
+        columns = torch.tensor(conv_columns(chain_parents(num_tokens), weight.shape[-1]), device=mixed.device)
+        conv = (windows[:, :, columns] * weight).sum(dim=-1)  # [G, conv_dim, T]: _conv's products, per lane
+        q, k, v = self._heads(F.silu(conv).transpose(1, 2).reshape(num_lanes * num_tokens, -1), dtype)
+        g, beta = self._decay_and_strength(a[rows], b[rows], q.dtype)  # [heads, G * T]
+
+        def by_lane(t: torch.Tensor) -> torch.Tensor:  # [heads, G * T, ...] -> [G * heads, T, ...]
+            t = t.reshape(heads, num_lanes, num_tokens, *t.shape[2:]).transpose(0, 1)
+            return t.reshape(num_lanes * heads, num_tokens, *t.shape[3:])
+
+        initial = torch.cat([lane.recurrent.delta_states[slot] for lane in lanes])  # [G * heads, dk, dv]
+        out, states = recurrent_delta_rule(by_lane(q), by_lane(k), by_lane(v), by_lane(g), by_lane(beta), initial)
+        outs = []
+        for index, lane in enumerate(lanes):
+            heads_of_lane = slice(index * heads, (index + 1) * heads)
+            lane.recurrent.stage(slot, StagedStep(windows[index], states[:, heads_of_lane], True))
+            outs.append(out[heads_of_lane])
+        return outs
 
     def _conv(self, window: torch.Tensor, lane: RecurrentLane) -> torch.Tensor:
         """The depthwise causal conv [conv_dim, T] over `window`.

@@ -17,7 +17,14 @@ from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.loader import load_model
 
-PROMPTS = [[5, 17, 42, 99, 7], [3, 11, 60, 2, 31, 8, 70, 12, 9], [23, 4, 88], [14, 15, 16, 17, 18, 19]]
+PROMPTS = [
+    [5, 17, 42, 99, 7],
+    [3, 11, 60, 2, 31, 8, 70, 12, 9],
+    [23, 4, 88],
+    [14, 15, 16, 17, 18, 19],
+    [90, 91, 92, 93],
+    [8, 6, 4, 2, 1, 3, 5],
+]
 # A tree of root + 5: two children of the root, a grandchild under each, and one under the second's.
 TREE_TOKENS = [40, 41, 50, 51, 52, 53]
 TREE_PARENTS = [-1, 0, 0, 1, 2, 4]
@@ -55,16 +62,19 @@ def _rows(cache: HybridCache, token_ids: list[int], tree_mask=None, num_logits=N
 
 
 def _step_lanes(decoder: HybridDecoder, caches: list[HybridCache]) -> list[LaneRows]:
-    """A prefill chunk, a decode row, a tree and a chain: each kind of row a step carries."""
+    """A prefill chunk, decode rows, a tree and chains: each kind of row a step carries (two
+    decode rows and two chains of equal length share one recurrence)."""
     return [
         _rows(caches[0], [61, 62, 63, 64, 65, 66, 67], num_logits=0),
         _rows(caches[1], [33]),
         _rows(caches[2], TREE_TOKENS, _tree_mask(TREE_PARENTS)),
         _rows(caches[3], [71, 72, 73, 74]),
+        _rows(caches[4], [34]),
+        _rows(caches[5], [75, 76, 77, 78]),
     ]
 
 
-COMMITS = [None, None, PATH, [0, 1]]  # rows each lane keeps
+COMMITS = [None, None, PATH, [0, 1], None, [0, 1, 2, 3]]  # rows each lane keeps
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_next"])
