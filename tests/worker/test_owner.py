@@ -78,6 +78,9 @@ class ScriptedStepper:
     def preempt(self, lane: ScriptedLane) -> None:
         raise AssertionError("lanes hold no blocks: nothing is preempted")
 
+    def resume(self, lane: ScriptedLane) -> None:
+        raise AssertionError("lanes hold no blocks: nothing is preempted")
+
     def step(self, items) -> list:
         time.sleep(self.step_delay_s)  # one forward for every lane of the step
         return [self._decode(item.state) for item in items]

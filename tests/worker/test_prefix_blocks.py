@@ -121,6 +121,9 @@ def test_a_preempted_lane_lets_go_of_shared_blocks_and_the_cache_keeps_them():
     stepper.preempt(state)
     assert pool.allocator.holders(first) == 1 and pool.allocator.num_used == shared
     assert state.sequence.cache.block_ids == [] and state.claimed_blocks == 0
+    stepper.resume(state)  # admitted again: the cached prefix serves it once more
+    assert state.sequence.cache.block_ids[0] == first and pool.allocator.holders(first) == 2
+    assert state.sequence.cache.length == 64 and stepper.counters.prefix_cache_hits == 2
 
 
 def drain(scheduler: Scheduler, stepper: ModelStepper, lanes) -> dict[str, list[int] | Exception]:

@@ -35,7 +35,7 @@ class FakeStepper:
     block_tokens: int = 4
     rows_per_decode: int = 1
     log: list[str] = field(default_factory=list)  # one entry per step: "A:p4 B:d" (p: prefill chunk, d: decode)
-    events: list[str] = field(default_factory=list)  # "A:start", "A:release", "A:preempt"
+    events: list[str] = field(default_factory=list)  # "A:start", "A:release", "A:preempt", "A:resume"
     fail_on: set[str] = field(default_factory=set)
     used: int = 0
 
@@ -87,6 +87,9 @@ class FakeStepper:
         lane.prefilled = 0
         lane.num_output -= lane.decoded
         lane.decoded = 0
+
+    def resume(self, lane: FakeLane) -> None:
+        self.events.append(f"{lane.name}:resume")
 
     def release(self, lane: FakeLane) -> None:
         self.events.append(f"{lane.name}:release")
@@ -203,6 +206,8 @@ def test_when_blocks_run_out_the_newest_lane_is_preempted_and_resumes_with_its_o
     scheduler.submit(request(b, num_blocks=2))
     results = run(scheduler)
     assert "B:preempt" in stepper.events and "A:preempt" not in stepper.events
+    resumed = stepper.events.index("B:resume")  # admitted again: the stepper may look its prefix up
+    assert stepper.events.index("B:preempt") < resumed and stepper.events.count("B:start") == 1
     decoded = {
         name: [t for r in results if r.key[0] == name and r.kind is StepKind.DECODE for t in r.token_ids]
         for name in "AB"

@@ -272,6 +272,12 @@ class ModelStepper:
             sequence.drafter_state = drafter.start(sequence)
         self.counters.preemptions += 1
 
+    def resume(self, state: LaneState) -> None:
+        """A preempted lane admitted again: what the prefill cache holds of its tokens (its own
+        prefix, stored before it was preempted, or another lane's) need not be computed again."""
+        if not state.finished:
+            self._reuse_prefix(state)
+
     def release(self, state: LaneState) -> None:
         state.sequence.cache.release()
         self._logprob_lanes.pop(state.sequence.request_id, None)

@@ -99,6 +99,9 @@ class LaneStepper(Protocol):
     def preempt(self, state: Any) -> None:
         """Give the lane's blocks back; it is prefilled again (prompt + output) when it resumes."""
 
+    def resume(self, state: Any) -> None:
+        """A preempted lane is admitted again (before its first prefill chunk): a prefix-cache lookup."""
+
     def release(self, state: Any) -> None:
         """The lane is done; free what it holds."""
 
@@ -263,6 +266,8 @@ class Scheduler:
                     results.append(StepResult(request.key, StepKind.FAILED, None, error=error))
                     continue
                 self._kv_bytes += request.kv_bytes
+            else:
+                self.stepper.resume(lane.state)
             self._running.append(lane)
             remaining = self.stepper.num_to_prefill(lane.state)
             if remaining > 0:
