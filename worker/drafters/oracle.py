@@ -65,7 +65,8 @@ class OracleDrafter:
 
 @torch.inference_mode()
 def greedy_reference(decoder: Decoder, prompt_ids: Seq[int], num_new_tokens: int) -> list[int]:
-    """Prompt + `num_new_tokens` of plain greedy decoding (one token per forward), no speculation."""
+    """Prompt + `num_new_tokens` of plain greedy decoding (one token per forward), no speculation.
+    `decoder` may be a HybridDecoder: only the shared forward and cache contract is used."""
     token_ids = list(prompt_ids)
     cache = decoder.new_cache(len(token_ids) + num_new_tokens)
     pending = token_ids
