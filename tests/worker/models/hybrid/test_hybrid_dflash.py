@@ -11,7 +11,9 @@ nodes deep: the recurrent state kept must be that path's.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -49,6 +51,7 @@ TREE_BUDGET = 8
 def hybrid_target(family: str) -> tuple[LoadedModel, Path]:
     """The target and its random DFlash drafter's folder, written once per family."""
     folder = Path(tempfile.mkdtemp(prefix=f"arbor-hybrid-dflash-{family}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     target = make_tiny_hybrid_model(folder / "target", family)
     dflash = write_random_dflash(folder / "dflash", target, target_layer_ids=TARGET_LAYER_IDS, num_layers=1)
     return load_model(target, dtype="float64"), dflash
