@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from shared.sampling import SamplingParams
+from tests.support.lanes_in_turn import serve_in_turn
 from tests.support.steered_dflash import SteeredDFlash
 from tests.support.tiny_drafters import write_random_dflash
 from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model
@@ -35,9 +36,8 @@ from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
-from worker.serving.model_stepper import LaneStart, ModelStepper
+from worker.serving.model_stepper import ModelStepper
 from worker.serving.prefix_cache import PrefixCache
-from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 
 GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
 PREFILL_CHUNK = 7
@@ -153,17 +153,7 @@ def _serve_recording_drafts(family: str, mode: str, lanes, cache: PrefixCache | 
 
     drafter.propose = recording  # type: ignore[method-assign]
     stepper = ModelStepper(ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter), cache)
-    scheduler = Scheduler(stepper, SchedulerConfig(4, 1 << 40, 48))
-    outputs: dict[str, list[int]] = {}
-    for name, prompt, params in lanes:
-        kv_bytes = stepper.kv_bytes(len(prompt), params.max_tokens)
-        scheduler.submit(LaneRequest((name, 0), kv_bytes, None, LaneStart(name, prompt, params)))
-        while not scheduler.idle:
-            for result in scheduler.step():
-                assert result.kind is not StepKind.FAILED, result.error
-                if result.kind is StepKind.DECODE and result.state.finished:
-                    outputs[name] = list(result.state.output_ids)
-                    scheduler.retire(result.key)
+    outputs = serve_in_turn(stepper, lanes)
     return outputs, proposed, stepper.counters.prefix_cache_hits
 
 

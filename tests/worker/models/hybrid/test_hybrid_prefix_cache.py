@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from shared.sampling import SamplingParams
+from tests.support.lanes_in_turn import serve_in_turn
 from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
@@ -20,7 +21,6 @@ from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.loader import LoadedModel, load_model
 from worker.serving.model_stepper import LaneStart, ModelStepper
 from worker.serving.prefix_cache import PrefixCache
-from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 
 BLOCK = 32
 SYSTEM_TOKENS = 70  # two whole cache blocks and a partial one
@@ -49,25 +49,9 @@ def _runner(model: LoadedModel, mode: str) -> ModelRunner:
     return ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
 
 
-def _serve(model: LoadedModel, mode: str, lanes, cache: PrefixCache | None, max_batch_tokens: int = 48):
-    """Lanes one after another (each stores its prefix before the next looks it up), through the
-    scheduler in prefill chunks of at most `max_batch_tokens`; returns outputs and the stepper."""
+def _serve(model: LoadedModel, mode: str, lanes, cache: PrefixCache | None):
     stepper = ModelStepper(_runner(model, mode), cache)
-    scheduler = Scheduler(stepper, SchedulerConfig(4, 1 << 40, max_batch_tokens))
-    outputs: dict[str, list[int]] = {}
-    for name, prompt, params in lanes:
-        scheduler.submit(
-            LaneRequest(
-                (name, 0), stepper.kv_bytes(len(prompt), params.max_tokens), None, LaneStart(name, prompt, params)
-            )
-        )
-        while not scheduler.idle:
-            for result in scheduler.step():
-                assert result.kind is not StepKind.FAILED, result.error
-                if result.kind is StepKind.DECODE and result.state.finished:
-                    outputs[name] = list(result.state.output_ids)
-                    scheduler.retire(result.key)
-    return outputs, stepper
+    return serve_in_turn(stepper, lanes), stepper
 
 
 @pytest.mark.parametrize("mode", ["none", "ngram"])
