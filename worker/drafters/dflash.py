@@ -10,7 +10,8 @@ layer L (transformers' hidden_states[L + 1]). For committed tokens at positions 
     c_p = hidden_norm(fc(cat[target layer outputs at p]))            one context vector per token
     every draft layer i attends to K_i = RoPE_p(k_norm(k_proj_i(c_p))), V_i = v_proj_i(c_p)
 Those never depend on the draft layers' inputs, so `observe` computes them once per committed
-token into a per-request cache. A proposal runs one block, for a root at position L:
+token into a per-request cache (`observe_many`: for every lane of a step in one projection).
+A proposal runs one block, for a root at position L:
     block = [root, mask, mask, ..., mask]  (block_size tokens at positions L .. L + block_size - 1)
 through every layer with non-causal attention over (context K/V + the block's own K/V), then the
 final norm and the target's lm_head; the logits at the mask positions are the drafts for
@@ -19,6 +20,10 @@ positions L + 1 .. L + block_size - 1.
 Example, block_size 4, committed a b c (positions 0-2), root d at 3: the block is d M M M at
 positions 3-6; its rows 1-3 give distributions for positions 4, 5, 6. `dflash` drafts their
 argmax as a chain; `tree` hands their top-k logprobs to the best-first tree builder.
+
+`propose_many` runs every drafting lane's block in one forward (the rows of all blocks through
+each linear layer at once, attention per lane over its own context and block), and `propose` is
+its one-lane case.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from torch import nn
@@ -42,7 +47,7 @@ from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.engine.sequence import Sequence
 from worker.models.checkpoint import CheckpointError
 from worker.models.config import ModelConfig
-from worker.models.decoder import DecoderLayer, RMSNorm, grouped_attention
+from worker.models.decoder import DecoderLayer, RMSNorm, Span
 from worker.models.kv_cache import KVCache
 from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.speculation.tree import DraftTree, build_best_first_tree
@@ -50,6 +55,8 @@ from worker.speculation.tree import DraftTree, build_best_first_tree
 if TYPE_CHECKING:
     from worker.drafters.registry import DraftOptions
     from worker.models.loader import LoadedModel
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,7 +67,8 @@ class DFlashSpec:
 
 
 class DFlashLayer(DecoderLayer):
-    """A Qwen3 decoder layer (same tensors) whose attention also sees precomputed context K/V."""
+    """A Qwen3 decoder layer (same tensors, same forward over a block) whose K/V for the context
+    come from the projected target hidden states instead of its own input."""
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, rotated) and V of x: [kv_heads, T, head_dim] each."""
@@ -70,30 +78,6 @@ class DFlashLayer(DecoderLayer):
         k = attn.k_norm(attn.k_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim))
         v = attn.v_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)
         return apply_rotary(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
-
-    # The tensors of a DecoderLayer, its own forward (no mask): nothing calls it as a DecoderLayer.
-    def forward(  # type: ignore[override]
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        layer_keys: torch.Tensor,
-        layer_values: torch.Tensor,
-        start: int,
-    ) -> torch.Tensor:
-        """The block x [T, hidden] at positions start.., attending to cached slots [0, start) and itself."""
-        attn = self.self_attn
-        h = self.input_layernorm(x)
-        num_tokens = h.shape[0]
-        assert attn.q_norm is not None
-        q = attn.q_norm(attn.q_proj(h).view(num_tokens, attn.num_heads, attn.head_dim))
-        q = apply_rotary(q.transpose(0, 1), cos, sin)  # [heads, T, head_dim]
-        end = start + num_tokens
-        layer_keys[:, start:end], layer_values[:, start:end] = self.keys_values(h, cos, sin)
-        # No mask: the block sees the whole context and all of itself.
-        out = grouped_attention(q, layer_keys[:, :end], layer_values[:, :end], None)  # [heads, T, head_dim]
-        x = x + attn.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashModel(nn.Module):
@@ -148,47 +132,122 @@ class DFlashDrafter:
         capacity = sequence.cache.max_tokens + self.spec.block_size
         return DFlashState(KVCache(self.config, capacity, weight.dtype, weight.device))
 
-    @torch.inference_mode()
     def observe(self, state: DFlashState, committed: TargetStates) -> None:
         """Context K/V for the committed tokens, written at their positions in every draft layer."""
-        cache = state.cache
-        assert committed.start == cache.length, (committed.start, cache.length)
-        features = torch.cat([committed.hidden[layer] for layer in self.spec.target_layer_ids], dim=-1)
-        context = self.model.hidden_norm(self.model.fc(features))  # [n, hidden]
-        start, end = committed.start, committed.start + context.shape[0]
-        cos, sin = self.rotary(torch.arange(start, end, device=context.device))
-        for index, layer in enumerate(self.model.draft_layers()):
-            cache.keys[index][:, start:end], cache.values[index][:, start:end] = layer.keys_values(context, cos, sin)
-        cache.commit(end - start)
+        self.observe_many([(state, committed)])
 
     @torch.inference_mode()
+    def observe_many(self, items: list[tuple[DFlashState, TargetStates]]) -> None:
+        """`observe` for several lanes: fc and every layer's K/V projections run once over all
+        their committed rows; each lane's slice is then copied into its own cache."""
+        for state, committed in items:
+            assert committed.start == state.cache.length, (committed.start, state.cache.length)
+        layer_ids = self.spec.target_layer_ids
+        features = torch.cat(
+            [torch.cat([committed.hidden[layer] for _, committed in items]) for layer in layer_ids], dim=-1
+        )  # [R, len(layer_ids) * hidden]
+        context = self.model.hidden_norm(self.model.fc(features))  # [R, hidden]
+        positions = [p for _, c in items for p in range(c.start, c.start + len(c.token_ids))]
+        assert len(positions) == context.shape[0], (len(positions), context.shape)
+        cos, sin = self.rotary(torch.tensor(positions, dtype=torch.long, device=context.device))
+        pairs = [layer.keys_values(context, cos, sin) for layer in self.model.draft_layers()]
+        keys = torch.stack([k for k, _ in pairs])  # [layers, kv_heads, R, head_dim]
+        values = torch.stack([v for _, v in pairs])
+        first = 0
+        for state, committed in items:
+            cache, num = state.cache, len(committed.token_ids)
+            start, rows = committed.start, slice(first, first + num)
+            cache.keys[:, :, start : start + num], cache.values[:, :, start : start + num] = (
+                keys[:, :, rows],
+                values[:, :, rows],
+            )
+            cache.commit(num)
+            first += num
+
     def propose(self, state: DFlashState, sequence: Sequence) -> DraftTree | None:
-        logits = self.block_logits(state, sequence.root_token)  # [block_size - 1, draft vocab]
+        return self.propose_many([(state, sequence)])[0]
+
+    @torch.inference_mode()
+    def propose_many(self, items: list[tuple[DFlashState, Sequence]]) -> list[DraftTree | None]:
+        """`propose` for several lanes: one block forward over every drafting lane's block, one
+        logits product over the rows they draft from, one read-back of all their tokens."""
+        depths = [self._num_depths(sequence) for _, sequence in items]
+        drafting = [i for i, depth in enumerate(depths) if depth > 0]
+        trees: list[DraftTree | None] = [None] * len(items)
+        if not drafting:
+            return trees
+        x = self._blocks([items[i][0] for i in drafting], [items[i][1].root_token for i in drafting])
+        counts = [depths[i] for i in drafting]
+        logits = self._draft_logits(x, counts)  # [sum(counts), draft vocab]
         if self.tree_budget is None:
-            return DraftTree.chain(self.vocabulary.to_target(logits[: self.num_draft].argmax(dim=-1)).tolist())
-        return build_best_first_tree(self._candidates(logits), self.tree_budget)
+            tokens = self.vocabulary.to_target(logits.argmax(dim=-1)).tolist()
+            for i, lane_tokens in zip(drafting, _split(tokens, counts), strict=True):
+                trees[i] = DraftTree.chain(lane_tokens)
+            return trees
+        for i, candidates in zip(drafting, _split(self._candidates(logits), counts), strict=True):
+            trees[i] = build_best_first_tree(candidates, self._tree_budget(items[i][1]))
+        return trees
 
     def block_logits(self, state: DFlashState, root_token: int) -> torch.Tensor:
         """Draft logits [block_size - 1, draft vocab] for the positions after the root."""
-        cache, spec = state.cache, self.spec
-        start = cache.length
-        device = self.embed_tokens.weight.device
-        token_ids = torch.full((spec.block_size,), spec.mask_token_id, device=device)
-        token_ids[0] = root_token
-        cos, sin = self.rotary(torch.arange(start, start + spec.block_size, device=device))
-        x = self.embed_tokens(token_ids)  # [block_size, hidden]
-        for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache.keys[index], cache.values[index], start)
-        return self.vocabulary.logits(self.model.norm(x[1:]))
+        return self.vocabulary.logits(self.model.norm(self._blocks([state], [root_token])[1:]))
+
+    def _draft_logits(self, x: torch.Tensor, depths: list[int]) -> torch.Tensor:
+        """Logits of the rows lanes draft from: a lane's row 0 is its root, its rows 1..depth
+        predict the positions after it (x: `_blocks`' output)."""
+        if len(depths) == 1:  # one lane: its rows are a slice, no gather
+            x = x[1 : 1 + depths[0]]
+        else:
+            block = self.spec.block_size
+            rows = [lane * block + d for lane, depth in enumerate(depths) for d in range(1, depth + 1)]
+            x = x[torch.tensor(rows, device=x.device)]
+        return self.vocabulary.logits(self.model.norm(x))
+
+    def _blocks(self, states: list[DFlashState], root_tokens: list[int]) -> torch.Tensor:
+        """Every lane's block (root, then masks) through the draft layers in one forward: each
+        lane's rows attend to its own context and all of its block, without a mask.
+        Returns [lanes * block_size, hidden], lane by lane, before the final norm."""
+        block, device = self.spec.block_size, self.embed_tokens.weight.device
+        masks = [self.spec.mask_token_id] * (block - 1)
+        spans: list[Span] = []
+        token_ids: list[int] = []
+        positions: list[int] = []
+        for lane, (state, root) in enumerate(zip(states, root_tokens, strict=True)):
+            start = state.cache.length
+            assert start + block <= state.cache.max_tokens, (start, block, state.cache.max_tokens)
+            spans.append(Span(state.cache, start, lane * block, block, None))
+            token_ids += [root, *masks]
+            positions += range(start, start + block)
+        # built as lists: one host-to-device copy each, not a few small ops per step
+        cos, sin = self.rotary(torch.tensor(positions, device=device))
+        x = self.embed_tokens(torch.tensor(token_ids, device=device))  # [lanes * block, hidden]
+        for index, layer in enumerate(self.model.draft_layers()):
+            x = layer.forward_lanes(x, cos, sin, index, spans, None)
+        return x
+
+    def _num_depths(self, sequence: Sequence) -> int:
+        """Block rows a lane drafts from: its chain's length, or the depths its tree may reach."""
+        limit = sequence.draft_limit
+        most = self.num_draft if self.tree_budget is None else self.spec.block_size - 1
+        return most if limit is None else min(most, limit)
+
+    def _tree_budget(self, sequence: Sequence) -> int:
+        # Best-first adds nodes best first, so the tree of a smaller budget is the bigger tree's
+        # first nodes: building it to the lane's limit equals truncating the full one.
+        assert self.tree_budget is not None
+        limit = sequence.draft_limit
+        return self.tree_budget if limit is None else min(self.tree_budget, limit)
 
     def _candidates(self, logits: torch.Tensor) -> list[list[tuple[int, float]]]:
-        """Per depth, the top-k (token, logprob) pairs, best first."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [depth, vocab]
+        """Per row (a depth of some lane), the top-k (token, logprob) pairs, best first."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, vocab]
         top = torch.topk(logprobs, min(self.tree_top_k, logprobs.shape[-1]), dim=-1)
         token_ids = self.vocabulary.to_target(top.indices)
+        # One read-back for tokens and logprobs: float64 holds every token id and float32 exactly.
+        host = torch.stack((token_ids.double(), top.values.double())).tolist()  # [2][rows][k]
         return [
-            [(token, min(logprob, 0.0)) for token, logprob in zip(tokens, values)]
-            for tokens, values in zip(token_ids.tolist(), top.values.tolist())
+            [(int(token), min(logprob, 0.0)) for token, logprob in zip(tokens, values)]
+            for tokens, values in zip(host[0], host[1])
         ]
 
     def state_bytes(self, state: DFlashState) -> int:
@@ -299,3 +358,12 @@ def _draft_model_config(checkpoint: DraftCheckpoint, target: ModelConfig) -> Mod
         return ModelConfig.from_hf(qwen3)
     except CheckpointError as error:
         raise DrafterError(f"{source}: {error}") from error
+
+
+def _split(values: list[_T], counts: list[int]) -> list[list[_T]]:
+    """`values` cut into consecutive runs of `counts` (a flat per-row list back into lanes)."""
+    runs, first = [], 0
+    for count in counts:
+        runs.append(values[first : first + count])
+        first += count
+    return runs
