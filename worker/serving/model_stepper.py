@@ -24,6 +24,7 @@ block boundaries, kept while its prefill passed them (HybridCache.snapshot_every
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -223,26 +224,39 @@ class ModelStepper:
         counters.draft_length = draft_length
         counters.lanes_speculating = len(decoding) if draft_length else 0
 
-    def measure_step_costs(self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = 2) -> StepCosts | None:
+    def measure_step_costs(self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = 5) -> StepCosts | None:
         """What a decode step costs here with n lanes drafting k tokens each (drafting included),
-        for adaptive speculation; None where there is nothing to adapt (no drafter, no pool)."""
+        for adaptive speculation; None where there is nothing to adapt (no drafter, no pool).
+
+        Each point is the median of `repeats` steps, taken in rounds that visit every draft
+        length once (after a round to warm up), so a drift in the machine's load falls on every
+        length alike: on a shared machine a point measured apart from the others could make a
+        draft length look cheaper than it is, and speculation would then cost throughput."""
         pool, drafter = self.pool, self.runner.drafter
         if pool is None or drafter is None:
             return None
         max_draft = self._decode_rows - 1
         draft_lengths = sorted({0, 1, max(max_draft // 2, 1), max_draft})
-        params = SamplingParams(max_tokens=COST_PROMPT_TOKENS, ignore_eos=True)
-        per_lane = pool.blocks_for(2 * COST_PROMPT_TOKENS + self.runner.max_draft_nodes + 1)
+        max_tokens = (repeats + 1) * sum(length + 1 for length in draft_lengths)  # every draft accepted
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        per_lane = pool.blocks_for(COST_PROMPT_TOKENS + max_tokens + self.runner.max_draft_nodes + 1)
         seconds: dict[tuple[int, int], float] = {}
         for num_lanes in lane_counts:
             if num_lanes * per_lane > pool.allocator.num_free:
                 break
             sequences = [self.runner.start(f"cost-{i}", COST_PROMPT, params, pool=pool) for i in range(num_lanes)]
             self.runner.step([LaneWork(sequence, sequence.num_to_prefill) for sequence in sequences])
-            for draft_length in draft_lengths:
-                for sequence in sequences:
-                    sequence.draft_limit = draft_length
-                seconds[(num_lanes, draft_length)] = _best_step_s(self.runner, sequences, repeats)
+            times: dict[int, list[float]] = {length: [] for length in draft_lengths}
+            for round_index in range(repeats + 1):
+                for draft_length in draft_lengths:
+                    for sequence in sequences:
+                        sequence.draft_limit = draft_length
+                    started = time.perf_counter()
+                    self.runner.step([LaneWork(sequence) for sequence in sequences])
+                    if round_index > 0:
+                        times[draft_length].append(time.perf_counter() - started)
+            for draft_length, measured in times.items():
+                seconds[(num_lanes, draft_length)] = statistics.median(measured)
             for sequence in sequences:
                 sequence.cache.release()
         return StepCosts(seconds) if seconds else None
@@ -389,16 +403,6 @@ class ModelStepper:
         if state is None:
             return
         state.logprobs = [logprobs_of(row, token, state.num_logprobs or 0) for row, token in zip(logits, emitted)]
-
-
-def _best_step_s(runner: ModelRunner, sequences: list[Sequence], repeats: int) -> float:
-    """The fastest of `repeats` decode steps of `sequences` together (after one to warm up)."""
-    times = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        runner.step([LaneWork(sequence) for sequence in sequences])
-        times.append(time.perf_counter() - started)
-    return min(times[1:])
 
 
 def _spec_counts(state: LaneState) -> tuple[int, int, int]:
