@@ -38,3 +38,36 @@ def make_tiny_hybrid_model(folder: Path, family: str, seed: int = 0, **overrides
     """A random tiny hybrid model (weights scaled up like tiny_models', so logits are not flat)."""
     options = {**HYBRID_SHAPES, **HYBRID_FAMILIES[family], **overrides}
     return make_tiny_model(folder, "qwen3", seed, **options)
+
+
+def make_tiny_hybrid_model_with_mtp(folder: Path, family: str, seed: int = 0, mtp_seed: int = 1, **overrides) -> Path:
+    """A tiny hybrid target whose model.safetensors also holds an `mtp.*` head, as Qwen3.5 and
+    Qwen3-Next checkpoints ship one.
+
+    The head's layer and final norm are those of a one-layer, full-attention model of the same
+    family that transformers writes (`mtp_layer_folder(folder)`, kept as the tests' oracle): its
+    `model.layers.0.*` and `model.norm.weight` become `mtp.layers.0.*` and `mtp.norm.weight`, so
+    the names and shapes are the format's, not Arbor's; `mtp.fc` and the pre-fc norms are random.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_hybrid_model(folder, family, seed, **overrides)
+    layer_overrides = {**overrides, "num_hidden_layers": 1, "layer_types": ["full_attention"]}
+    layer_folder = make_tiny_hybrid_model(mtp_layer_folder(folder), family, mtp_seed, **layer_overrides)
+    layer = load_file(str(layer_folder / "model.safetensors"))
+    head = {"mtp." + name.removeprefix("model."): t for name, t in layer.items() if name.startswith("model.layers.0.")}
+    head["mtp.norm.weight"] = layer["model.norm.weight"]
+    hidden = head["mtp.norm.weight"].shape[0]
+    generator = torch.Generator().manual_seed(mtp_seed)
+    head["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator) * 0.15
+    for name in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"):
+        head[name] = 0.1 * torch.randn(hidden, generator=generator)  # zero-centred: the scale is 1 + w
+    weights = folder / "model.safetensors"
+    save_file({**load_file(str(weights)), **head}, str(weights), metadata={"format": "pt"})
+    return folder
+
+
+def mtp_layer_folder(folder: Path) -> Path:
+    """Where make_tiny_hybrid_model_with_mtp keeps the one-layer model its head's layer comes from."""
+    return folder.parent / f"{folder.name}-mtp-layer"

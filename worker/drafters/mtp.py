@@ -4,6 +4,8 @@ Tensors (names as in those checkpoints; embedding and lm_head are the target's):
     mtp.fc.weight                   [hidden, 2 * hidden]
     mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.norm.weight   [hidden]
     mtp.layers.0.*                  one decoder layer shaped like a target layer (q/k norms for qwen3)
+A hybrid target's head (Qwen3.5, Qwen3-Next) has the same names with a hybrid full-attention layer
+and zero-centred norms (hybrid_mtp_head.py); everything below serves both.
 
 One step, as vLLM's qwen3_next_mtp runs it: for a target hidden state h_t (which predicted x_{t+1})
 and the token x_{t+1},
@@ -16,7 +18,6 @@ and drafting further reuses the same layer with g in place of h (vLLM feeds back
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,10 +33,12 @@ from worker.drafters.draft_checkpoint import (
     read_draft_checkpoint,
 )
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
+from worker.drafters.hybrid_mtp_head import HybridMtpHead, HybridMtpLayer
 from worker.engine.sequence import Sequence
 from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, LaneRows, RMSNorm, lane_spans
-from worker.models.hybrid.config import is_hybrid
+from worker.models.hybrid.config import HybridConfig
+from worker.models.hybrid.gated_attention import attention_view, partial_rotary
 from worker.models.kv_cache import KVCache
 from worker.models.rope import RotaryEmbedding
 from worker.speculation.tree import DraftTree
@@ -56,6 +59,8 @@ MTP_HIDDEN_BY_FAMILY: dict[str, str] = {
     "qwen2": "post_norm",
     "llama": "post_norm",
     "mistral": "post_norm",
+    "qwen3_next": "post_norm",  # vLLM's Qwen3NextModel hands its MTP the final-normed hidden state
+    "qwen3_5_text": "post_norm",
 }
 
 
@@ -88,8 +93,8 @@ class MtpDrafter:
 
     def __init__(
         self,
-        head: MtpHead,
-        target_config: ModelConfig,
+        head: MtpHead | HybridMtpHead,
+        target_config: ModelConfig | HybridConfig,
         embed_tokens: nn.Embedding,
         lm_head: nn.Module,
         hidden_source: str,
@@ -100,12 +105,17 @@ class MtpDrafter:
         self.head, self.embed_tokens, self.lm_head = head, embed_tokens, lm_head
         self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
         self.hidden_source, self.num_draft = hidden_source, num_draft
-        self.cache_config = dataclasses.replace(target_config, num_hidden_layers=1)
         last_layer = target_config.num_hidden_layers - 1
         self.hidden_layers: tuple[int, ...] = (last_layer,) if hidden_source == "pre_norm" else ()
         self.wants_final_hidden = hidden_source == "post_norm"
         weight = embed_tokens.weight  # dense, in the activation dtype (lm_head may be packed)
-        self.rotary = RotaryEmbedding(target_config, weight.dtype, weight.device)
+        self.rotary: RotaryEmbedding
+        if isinstance(target_config, HybridConfig):  # K/V of the gated attention's sizes, RoPE on part of a head
+            self.cache_config = attention_view(target_config, 1, target_config.head_dim)
+            self.rotary = partial_rotary(target_config, weight.dtype, weight.device)
+        else:
+            self.cache_config = dataclasses.replace(target_config, num_hidden_layers=1)
+            self.rotary = RotaryEmbedding(target_config, weight.dtype, weight.device)
 
     def start(self, sequence: Sequence) -> MtpState:
         weight = self.embed_tokens.weight
@@ -277,7 +287,7 @@ class MtpDrafter:
         x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [R, hidden]
         cos, sin = self.rotary(torch.tensor([p for lane in lanes for p in lane.positions], device=device))
         layer = head.layers[0]
-        assert isinstance(layer, DecoderLayer)
+        assert isinstance(layer, DecoderLayer | HybridMtpLayer)
         x = layer.forward_lanes(x, cos, sin, 0, lane_spans(lanes, device, starts), None)
         return head.norm(x)  # [R, hidden]
 
@@ -285,11 +295,11 @@ class MtpDrafter:
 def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
     """The MTP head for `model` (a LoadedModel): from --draft, else the target checkpoint, else bundled."""
     checkpoint = _find_mtp_checkpoint(model, options.draft)
-    config = model.config
-    _check_hidden_size(checkpoint, config)
     decoder = model.decoder
+    config: ModelConfig | HybridConfig = decoder.config
+    _check_hidden_size(checkpoint, config)
     with torch.device("meta"):
-        head = MtpHead(config)
+        head = HybridMtpHead(config) if isinstance(config, HybridConfig) else MtpHead(config)
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
     source = _hidden_source(checkpoint, config)
@@ -314,8 +324,6 @@ def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
     folder = Path(model)
     if not folder.is_dir():
         return False  # GGUF files carry no MTP head
-    if _is_hybrid_folder(folder):
-        return False  # a hybrid model's mtp.* head is a hybrid layer: not served yet (worker/models/hybrid/)
     from safetensors import safe_open
 
     for path in folder.glob("*.safetensors"):
@@ -323,11 +331,6 @@ def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
             if any(name.startswith(MTP_PREFIX) for name in handle.keys()):  # noqa: SIM118 (not iterable)
                 return True
     return False
-
-
-def _is_hybrid_folder(folder: Path) -> bool:
-    config = folder / "config.json"
-    return config.exists() and is_hybrid(json.loads(config.read_text()))
 
 
 def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpoint:
@@ -348,7 +351,7 @@ def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpo
     )
 
 
-def _check_hidden_size(checkpoint: DraftCheckpoint, config: ModelConfig) -> None:
+def _check_hidden_size(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConfig) -> None:
     size = checkpoint.config.get("hidden_size")
     if size is not None and size != config.hidden_size:
         raise DrafterError(
@@ -356,7 +359,7 @@ def _check_hidden_size(checkpoint: DraftCheckpoint, config: ModelConfig) -> None
         )
 
 
-def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig) -> str:
+def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConfig) -> str:
     source = checkpoint.config.get("mtp_hidden", MTP_HIDDEN_BY_FAMILY.get(config.model_type, "post_norm"))
     if source not in HIDDEN_SOURCES:
         raise DrafterError(f"{checkpoint.source}: mtp_hidden={source!r} must be one of {', '.join(HIDDEN_SOURCES)}")

@@ -15,8 +15,8 @@ from worker.models.loader import LoadedModel
 
 SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
 DEFAULT_SPECULATION = "mtp"
-# Served on hybrid models (worker/models/hybrid/); the other drafters are not validated there yet.
-HYBRID_MODES = ("ngram", "dflash", "tree")
+# Served on hybrid models (worker/models/hybrid/); mtp runs their own head (drafters/hybrid_mtp_head.py).
+HYBRID_MODES = ("ngram", "mtp", "dflash", "tree")
 
 
 @dataclass(slots=True, frozen=True)

@@ -24,15 +24,21 @@ from worker.models.rope import RotaryEmbedding, apply_rotary
 
 def partial_rotary(config: HybridConfig, dtype: torch.dtype, device: torch.device | str) -> RotaryEmbedding:
     """cos/sin tables over the rotated dims only: rope.py's tables for a head of `rotary_dim`."""
-    view = ModelConfig(
+    return RotaryEmbedding(attention_view(config, config.num_hidden_layers, config.rotary_dim), dtype, device)
+
+
+def attention_view(config: HybridConfig, num_layers: int, head_dim: int) -> ModelConfig:
+    """The gated attention's sizes as a plain decoder's config, for the plain parts it shares
+    (rope.py's tables, a KVCache of `num_layers` attention layers)."""
+    return ModelConfig(
         model_type=config.model_type,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
+        num_hidden_layers=num_layers,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.rotary_dim,
+        head_dim=head_dim,
         rms_norm_eps=config.rms_norm_eps,
         rope_theta=config.rope_theta,
         rope_scaling=config.rope_scaling,
@@ -42,7 +48,6 @@ def partial_rotary(config: HybridConfig, dtype: torch.dtype, device: torch.devic
         mlp_bias=False,
         qk_norm=True,
     )
-    return RotaryEmbedding(view, dtype, device)
 
 
 def rotate_leading(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

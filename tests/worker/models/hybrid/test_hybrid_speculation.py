@@ -2,7 +2,7 @@
 greedy tokens exactly (float64, so a 4-row verification and a 1-row step cannot disagree on an
 argmax through rounding), with drafts accepted; so does tree verification (an oracle drafter's
 trees); modes whose drafter is not validated on hybrids are refused (dflash and tree are
-served: test_hybrid_dflash).
+served: test_hybrid_dflash; mtp runs the checkpoint's own head: tests/worker/drafters/test_hybrid_mtp).
 
 Random hybrid models are too chaotic for prompt lookup: their greedy runs never revisit an n-gram.
 So the target here has tied embeddings and its mixers' and MLPs' output projections damped: the
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from shared.sampling import SamplingParams
 from shared.settings import WorkerSettings
-from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model
+from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model, make_tiny_hybrid_model_with_mtp
 from worker.cli import resolve_default_speculation
 from worker.drafters.base import DrafterError
 from worker.drafters.oracle import OracleDrafter, greedy_reference
@@ -85,13 +84,14 @@ def test_modes_not_served_on_hybrids_are_refused_in_one_line(model, mode):
     assert f"choose none or {', '.join(HYBRID_MODES)}" in str(error.value)
 
 
-def test_an_unset_mode_falls_back_to_ngram_even_with_an_mtp_head(tmp_path, monkeypatch):
-    """Qwen3-Next checkpoints ship `mtp.*` tensors; the mtp drafter cannot serve that head yet."""
+@pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
+def test_an_unset_mode_is_mtp_with_an_mtp_head_and_ngram_without(tmp_path, monkeypatch, family):
+    """Qwen3.5 and Qwen3-Next checkpoints ship `mtp.*` tensors: their head is the default drafter."""
     monkeypatch.delenv("SPECULATION", raising=False)
-    folder = make_tiny_hybrid_model(tmp_path / "with-mtp", "qwen3_next")
-    tensors = load_file(str(folder / "model.safetensors"))
-    save_file({**tensors, "mtp.fc.weight": torch.zeros(4, 8)}, str(folder / "model.safetensors"))
-    assert resolve_default_speculation(WorkerSettings(model=str(folder))).speculation == "ngram"
+    with_head = make_tiny_hybrid_model_with_mtp(tmp_path / "with-mtp", family)
+    without = make_tiny_hybrid_model(tmp_path / "without", family)
+    assert resolve_default_speculation(WorkerSettings(model=str(with_head))).speculation == "mtp"
+    assert resolve_default_speculation(WorkerSettings(model=str(without))).speculation == "ngram"
 
 
 def test_tree_verification_through_the_runner_gives_plain_greedy_tokens(model):
