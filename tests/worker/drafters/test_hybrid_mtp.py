@@ -1,9 +1,10 @@
 """The `mtp` mode on hybrid targets (Qwen3.5, Qwen3-Next): their own `mtp.*` head, a full-attention
-hybrid layer, loads from the target checkpoint (every tensor used, a missing one named); its
-drafts match a recomputation whose layer and final norm are transformers' own one-layer model of
-the family; greedy tokens equal plain decoding (float64) with a random head and with a planted
-head whose drafts are mostly right; seeded sampling is reproducible and a batched lane emits
-what it emits alone; a prefill-cache hit drafts what a cold run drafts.
+hybrid layer, loads from the target checkpoint (every tensor used, a missing one named; a
+composite Qwen3.5 checkpoint serves it as the text model does); its drafts match a recomputation
+whose layer and final norm are transformers' own one-layer model of the family; greedy tokens
+equal plain decoding (float64) with a random head and with a planted head whose drafts are mostly
+right; seeded sampling is reproducible and a batched lane emits what it emits alone; a
+prefill-cache hit drafts what a cold run drafts.
 
 The planted head: on a target whose mixers and MLPs are damped (tied embeddings), the next token
 mostly follows from the current one, so a head that passes the embedding of x_{t+1} through
@@ -16,6 +17,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import json
 import re
 import shutil
 import tempfile
@@ -24,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from shared.sampling import SamplingParams
 from tests.support.lanes_in_turn import serve_in_turn
@@ -126,6 +128,25 @@ def test_a_head_shaped_for_plain_attention_is_refused():
 
     with pytest.raises(DrafterError, match=r"q_proj\.weight has shape"):
         load_mtp(with_tensors(target("qwen3_5_text"), ungated))
+
+
+def test_a_composite_qwen3_5_checkpoint_serves_its_top_level_head(tmp_path):
+    """Qwen3.5 checkpoints keep the text model under `model.language_model.*` and the head at `mtp.*`."""
+    text = checkpoint("qwen3_5_text")
+    folder = tmp_path / "composite"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text((text / name).read_text())
+    text_config = json.loads((text / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text_config}))
+    tensors = load_file(str(text / "model.safetensors"))
+    renamed = {name.replace("model.", "model.language_model.", 1): t for name, t in tensors.items()}
+    save_file(renamed, str(folder / "model.safetensors"))
+    composite = load_model(folder, dtype="float64")
+    assert sorted(composite.extra_tensors) == sorted(target("qwen3_5_text").extra_tensors)
+    states = [_prefilled(model, load_mtp(model))[1].drafter_state for model in (composite, target("qwen3_5_text"))]
+    assert states[0].next_hidden is not None
+    torch.testing.assert_close(states[0].next_hidden, states[1].next_hidden, rtol=0, atol=0)  # the same head
 
 
 # --- what it drafts ----------------------------------------------------------------------------
