@@ -17,6 +17,7 @@ from worker.serving.model_stepper import LaneStart, LaneState, ModelStepper
 from worker.serving.prefix_cache import PrefixCache
 from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 from worker.serving_model import ServingModel, load_serving_model
+from worker.speculation.adaptive import StepCosts
 
 SYSTEM = "You are a helpful assistant. Speculative decoding drafts tokens and verifies them in one forward pass. " * 2
 
@@ -161,3 +162,19 @@ def test_logprobs_keep_coming_as_other_lanes_start_and_end():
     asking = started("asking-2", 1)  # asks after every asking lane ended
     while not asking.finished:
         decode_checked(asking)
+
+
+def test_a_lane_that_has_not_drafted_yet_drafts_though_the_workers_acceptance_is_low():
+    """Adaptive speculation: a fresh lane gets the prior acceptance, not the worker's low figure
+    (it would never draft, so never show its own); a lane that drafted badly stops drafting."""
+    model = served("ngram")
+    stepper = ModelStepper(model.runner)
+    # drafting costs next to nothing here: a lane drafts whenever its acceptance is not tiny
+    stepper.step_costs = StepCosts({(1, 0): 1.0, (1, 1): 1.1, (1, 3): 1.3})
+    stepper.counters.draft_tokens, stepper.counters.accepted_tokens = 1000, 50  # 5 % worker-wide
+    fresh = prefill(stepper, chat(model, "Hi"), SamplingParams(max_tokens=4))
+    stepper._limit_drafts([fresh])
+    assert fresh.sequence.draft_limit == 3
+    fresh.stats.draft_tokens, fresh.stats.accepted_tokens = 30, 0  # its own drafts were all rejected
+    stepper._limit_drafts([fresh])
+    assert fresh.sequence.draft_limit == 0

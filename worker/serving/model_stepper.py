@@ -216,7 +216,12 @@ class ModelStepper:
         costs, counters = self.step_costs, self.counters
         if costs is None or not decoding:
             return
-        default = lane_acceptance(counters.draft_tokens, counters.accepted_tokens, DEFAULT_ACCEPTANCE)
+        # A lane that has not drafted yet is given at least the prior: how well drafts do depends
+        # on its own prompt (an n-gram drafter's matches, a head's topic), so it shows its own
+        # acceptance in a few steps rather than inheriting a worker-wide figure it would never
+        # get to revise (a lane that does not draft measures nothing).
+        worker_acceptance = lane_acceptance(counters.draft_tokens, counters.accepted_tokens, DEFAULT_ACCEPTANCE)
+        default = max(worker_acceptance, DEFAULT_ACCEPTANCE)
         acceptances = [lane_acceptance(s.stats.draft_tokens, s.stats.accepted_tokens, default) for s in decoding]
         draft_length = choose_draft_length(costs, acceptances)
         for state in decoding:
