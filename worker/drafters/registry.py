@@ -10,13 +10,10 @@ from typing import get_args
 from shared.settings import Speculation
 from worker.drafters.base import Drafter, DrafterError
 from worker.drafters.prompt_lookup import PromptLookupDrafter
-from worker.models.hybrid.config import HYBRID_MODEL_TYPES
 from worker.models.loader import LoadedModel
 
 SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
 DEFAULT_SPECULATION = "mtp"
-# Served on hybrid models (worker/models/hybrid/); mtp runs their own head (drafters/hybrid_mtp_head.py).
-HYBRID_MODES = ("ngram", "mtp", "dflash", "tree")
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,10 +59,4 @@ def load_drafter(mode: str, model: LoadedModel, options: DraftOptions) -> Drafte
         return None
     if mode not in DRAFTERS:
         raise DrafterError(f"unknown speculation mode {mode!r}; choose one of {', '.join(SPECULATION_MODES)}")
-    model_type = model.config.model_type
-    if model_type in HYBRID_MODEL_TYPES and mode not in HYBRID_MODES:
-        raise DrafterError(
-            f"speculation={mode!r} is not served for model_type={model_type!r} yet (its drafter is not "
-            f"validated on hybrid targets); choose none or {', '.join(HYBRID_MODES)}"
-        )
     return DRAFTERS[mode](model, options)
