@@ -48,6 +48,7 @@ from worker.speculation.adaptive import DEFAULT_ACCEPTANCE, StepCosts, choose_dr
 
 log = logging.getLogger(__name__)
 NO_POOL_BLOCKS = 1 << 62  # free blocks, as the scheduler sees them, where lanes hold none
+SNAPSHOT_SHARE = 0.5  # of the prefill cache's budget, for one lane's recurrent-state snapshots
 COST_LANE_COUNTS = (1, 4, 16)  # lanes at which step costs are measured (interpolated between)
 COST_PROMPT_TOKENS = 16
 COST_PROMPT = list(range(3, 3 + COST_PROMPT_TOKENS))  # any tokens: a step's cost does not depend on them
@@ -157,7 +158,10 @@ class ModelStepper:
         )
         state = LaneState(sequence, payload.num_logprobs)
         if self.prefix_cache is not None and isinstance(sequence.cache, HybridCache):
-            sequence.cache.snapshot_every = self.prefix_cache.block_tokens  # states at its block boundaries
+            cache = sequence.cache
+            cache.snapshot_every = self.prefix_cache.block_tokens  # states at its block boundaries
+            # a real hybrid's state is megabytes a block: snapshots get a share of the cache's budget
+            cache.max_snapshots = max(1, int(self.prefix_cache.max_bytes * SNAPSHOT_SHARE) // cache.recurrent.num_bytes)
         if not sequence.finished:
             self._reuse_prefix(state)
         if payload.num_logprobs is not None:
@@ -344,8 +348,12 @@ class ModelStepper:
         self.counters.prefix_cache_queries += 1
         if hit is None:
             return
-        self.counters.prefix_cache_hits += 1
         num = hit.num_tokens
+        if isinstance(hit.target, HybridPrefix):  # the longest block prefix it kept a state for
+            num = max((length for length in hit.target.states if length <= num), default=0)
+            if num == 0:
+                return
+        self.counters.prefix_cache_hits += 1
         snapshot = hit.drafter
         drafter = self.runner.drafter
         if drafter is not None and num < hit.entry_tokens:

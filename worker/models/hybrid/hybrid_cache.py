@@ -43,6 +43,9 @@ class HybridCache:
         # Keep the recurrent state at each multiple of this many tokens a prefill chunk passes
         # (the prefill cache's blocks: it can then serve any block prefix); None: keep none.
         self.snapshot_every: int | None = None
+        # At most this many snapshots are kept (None: all): past it every other one goes, the
+        # newest kept, so a long prompt keeps states at a stride that doubles as it grows.
+        self.max_snapshots: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -96,6 +99,7 @@ class HybridCache:
         if accepted is None:
             accepted = list(range(num_new))
         self.recurrent.commit(num_new, accepted, self.length)  # raises NotAPath for anything but a path
+        self._thin_snapshots()
         move_accepted_slots(self.keys, self.values, self.length, accepted)
         self.length += len(accepted)
 
@@ -123,6 +127,12 @@ class HybridCache:
         self.recurrent.load(*prefix.states[num_tokens])
         self.recurrent.snapshots = dict(prefix.states)  # read-only: a longer prefix stored later holds them too
         self.length = num_tokens
+
+    def _thin_snapshots(self) -> None:
+        snapshots, most = self.recurrent.snapshots, self.max_snapshots
+        while most is not None and len(snapshots) > most:
+            kept = sorted(snapshots)[::-1][::2]  # the newest, then every other one before it
+            self.recurrent.snapshots = snapshots = {length: snapshots[length] for length in sorted(kept)}
 
     def forget_snapshots(self) -> None:
         """Prefill is over (its prefix stored or not): the snapshots are of no more use."""

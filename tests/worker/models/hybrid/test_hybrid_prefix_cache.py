@@ -19,6 +19,7 @@ from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
 from worker.models.hybrid.hybrid_cache import HybridCache
 from worker.models.loader import LoadedModel, load_model
+from worker.serving import model_stepper
 from worker.serving.model_stepper import LaneStart, ModelStepper
 from worker.serving.prefix_cache import PrefixCache
 
@@ -94,3 +95,26 @@ def test_a_lane_without_the_prefill_cache_keeps_no_snapshots(model):
     stepper.prefill(lane, 80)
     cache = lane.sequence.cache
     assert isinstance(cache, HybridCache) and cache.snapshot_every is None and not cache.recurrent.snapshots
+
+
+def test_snapshots_past_their_share_thin_out_and_a_hit_uses_the_longest_state_kept(model, monkeypatch):
+    """With room for one snapshot the 110-token prompt keeps only its state at 96 tokens: a lane
+    sharing 70 tokens finds no state within them and prefills cold; the same prompt again
+    resumes at 96. Output equals no cache either way."""
+    monkeypatch.setattr(model_stepper, "SNAPSHOT_SHARE", 1e-12)  # max_snapshots = 1
+    lanes = _lanes(model.config.vocab_size, 2)  # the 110-token prompt, one sharing 70 tokens, it again
+    cold, _ = _serve(model, "none", lanes, cache=None)
+    cache = PrefixCache(1 << 30, BLOCK)
+    warm, stepper = _serve(model, "none", lanes, cache)
+    assert warm == cold
+    assert stepper.counters.prefix_cache_hits == 1  # only the repeat: 64 tokens have no state kept
+    [entry] = cache._entries.values()
+    assert sorted(entry.target.states) == [96]
+
+
+def test_thinning_keeps_the_newest_and_every_other_one_before_it(model):
+    cache = model.decoder.new_cache(400)
+    cache.snapshot_every, cache.max_snapshots = 32, 3
+    model.decoder(torch.arange(320) % 300 + 3, torch.arange(320), cache, num_logits=0)  # boundaries 32 .. 320
+    cache.commit(320)
+    assert sorted(cache.recurrent.snapshots) == [64, 192, 320]
