@@ -125,7 +125,7 @@ def test_cancel_mid_generation_stops_the_lane_and_frees_it(redis_server, client,
     # "Before its next step" is pinned without timing in test_owner/test_scheduler; here the cancel
     # travels through Redis, so how many steps run meanwhile depends on the machine's load.
     with InProcessWorker(service_config(redis_server.url), served) as worker:
-        request_id = submit(client, chat_body("Tell me a long story", max_tokens=400))
+        request_id = submit(client, chat_body("Tell me a long story", max_tokens=400, ignore_eos=True))
         wait_for(lambda: len(events_of(client, request_id)) >= 3, 30, "a few deltas")
         client.set(keys.cancel_key(request_id), "1", ex=60)
         client.publish(keys.CONTROL_CHANNEL, CancelMessage(id=request_id).model_dump_json())
@@ -148,7 +148,7 @@ def test_a_job_cancelled_before_any_worker_read_it_ends_cancelled_and_is_acknowl
         # The client left while the job waited: its cancel key is set, its message went out before
         # any worker held the job, so nobody heard it.
         client.set(keys.cancel_key(request_id), "1", ex=60)
-        submit(client, chat_body("Tell me a long story", max_tokens=400), request_id=request_id)
+        submit(client, chat_body("Tell me a long story", max_tokens=400, ignore_eos=True), request_id=request_id)
         events = wait_done(client, request_id, timeout_s=30)
         wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
         assert worker.service.capacity.held == 0
