@@ -17,6 +17,7 @@ from shared.structured_output import StructuredOutput, json_schema_output
 SPECULATION_MODES = get_args(Speculation)
 DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16")
 QUANTIZE_CHOICES = get_args(Quantize)
+KERNEL_CHOICES = ("auto", "native", "torch")  # worker/kernels/cpu_features.py
 
 
 def add_generate_parser(subparsers) -> None:
@@ -72,6 +73,13 @@ def add_precision_arguments(parser: argparse.ArgumentParser, default: str | None
         help="linear weights: int4/int8 weight-only, none = dense in the dtype, auto = as the file holds "
         "them (ARBOR_QUANTIZE)",
     )
+    parser.add_argument(
+        "--kernels",
+        choices=KERNEL_CHOICES,
+        default=default,
+        help="who multiplies int4/int8 weights on a CPU: native (Arbor's AVX-512 VNNI kernels, built at first "
+        "use), torch (aten), auto = native where the CPU and a C compiler allow (ARBOR_KERNELS)",
+    )
 
 
 def draft_options(args: argparse.Namespace):
@@ -119,6 +127,7 @@ def run_generate(args: argparse.Namespace) -> int:
         args.dtype,
         num_threads=args.threads,
         quantize=args.quantize,
+        kernels=args.kernels,
         cache_dir=WorkerSettings().cache_dir,
     )
     if args.chat:
@@ -209,6 +218,7 @@ _WORKER_FLAGS = (
     "worker_id",
     "dtype",
     "quantize",
+    "kernels",
 )
 
 
@@ -277,6 +287,7 @@ def load_worker_model(settings):
         num_threads=worker_threads(settings),
         cache_dir=settings.cache_dir,
         quantize=settings.quantize,
+        kernels=settings.kernels,
     )
 
 

@@ -53,16 +53,15 @@ def load_serving_model(
     num_threads: int | None = None,
     cache_dir: Path | None = None,
     quantize: str = "auto",
+    kernels: str = "auto",
 ) -> ServingModel:
-    """`dtype` and `quantize` as worker.models.loader.load_model takes them ("float32": the exact path)."""
+    """`dtype`, `quantize` and `kernels` as worker.models.loader.load_model takes them ("float32": the exact path)."""
     if num_threads:
         torch.set_num_threads(num_threads)
-    loaded = load_model(model, dtype=dtype, cache_dir=cache_dir, quantize=quantize)
+    loaded = load_model(model, dtype=dtype, cache_dir=cache_dir, quantize=quantize, kernels=kernels)
     options = options or DraftOptions()
     drafter = load_drafter(speculation, loaded, options)
     decoder = loaded.decoder
-    if decoder.selector is not None:  # the decode format: the one fastest at this mode's width
-        decoder.set_decode_rows(verify_rows(drafter))
     if isinstance(decoder, Decoder) and decoder.device.type == "cuda":
         decoder.decode_buckets = DECODE_BUCKETS  # on a CPU padding rows only cost
     max_nodes = max(options.tree_budget, options.num_draft or 0, 16)

@@ -18,6 +18,8 @@ def add_bench_parser(subparsers) -> None:
     _add_serving_parser(commands)
     _add_owner_parser(commands)
     _add_pool_parser(commands)
+    _add_numerics_parser(commands)
+    _add_kernels_parser(commands)
 
 
 def _add_decode_parser(commands) -> None:
@@ -164,6 +166,42 @@ def _add_pool_parser(commands) -> None:
     parser = commands.add_parser("pool", help="pool the gateway/in-process pairs of several serving runs")
     parser.add_argument("results", nargs="+", type=Path, help="serving results folders or their serving.json")
     parser.set_defaults(handler=_run_pool)
+
+
+def _add_numerics_parser(commands) -> None:
+    parser = commands.add_parser("numerics", help="greedy agreement and KL of weight formats against float32")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--formats", default="auto-torch,auto", help="formats to compare with float32")
+    parser.add_argument("--prompts", type=int, default=20, help="chat prompts (at most 20)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
+    parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
+    parser.set_defaults(handler=_run_numerics)
+
+
+def _add_kernels_parser(commands) -> None:
+    parser = commands.add_parser("kernels", help="decode step cost per row count: native kernels against torch's")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--rows", default="1,2,4,8,16,32", help="row counts of one forward")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads for both")
+    parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
+    parser.set_defaults(handler=_run_kernels)
+
+
+def _run_numerics(args: argparse.Namespace) -> int:
+    from ops.bench.numerics import run
+
+    args = _default_model_as_none(args)
+    run(args.model, args.formats, min(args.prompts, 20), args.max_tokens, args.out)
+    return 0
+
+
+def _run_kernels(args: argparse.Namespace) -> int:
+    from ops.bench.kernel_steps import run
+    from ops.bench.results import parse_int_list
+
+    args = _default_model_as_none(args)
+    run(args.model, parse_int_list(args.rows, "--rows"), args.threads, args.out)
+    return 0
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """`arbor bench decode --formats`: weight formats x speculation modes side by side, in one run.
 
-One serving model per format (`FORMAT_PRECISIONS`: a name -> --dtype and --quantize), every mode
+One serving model per format (`FORMAT_PRECISIONS`: a name -> --dtype, --quantize and --kernels), every mode
 of `--modes` on each, all contenders interleaved prompt by prompt as `arbor bench decode` does, so
 the ratios come from one run on a shared machine. Beside tokens/s the report gives, per format:
 
@@ -27,13 +27,15 @@ from ops.training.prompts import HELD_OUT
 from worker.models.row_timing import forward_cost, new_timing_cache
 from worker.serving_model import ServingModel, load_serving_model
 
-FORMAT_PRECISIONS: dict[str, tuple[str, str]] = {  # name -> (--dtype, --quantize)
-    "float32": ("float32", "none"),  # the exact path
-    "float64": ("float64", "none"),
-    "bfloat16": ("bfloat16", "none"),  # dense bfloat16 everywhere
-    "int8": ("auto", "int8"),
-    "int4": ("auto", "int4"),
-    "auto": ("auto", "auto"),  # the default: what `arbor generate` and the worker load
+FORMAT_PRECISIONS: dict[str, tuple[str, str, str]] = {  # name -> (--dtype, --quantize, --kernels)
+    "float32": ("float32", "none", "auto"),  # the exact path
+    "float64": ("float64", "none", "auto"),
+    "bfloat16": ("bfloat16", "none", "auto"),  # dense bfloat16 everywhere
+    "int8": ("auto", "int8", "auto"),
+    "int4": ("auto", "int4", "auto"),
+    "auto": ("auto", "auto", "auto"),  # the default: what `arbor generate` and the worker load
+    "auto-torch": ("auto", "auto", "torch"),  # the default format on PyTorch's kernels (bfloat16 activations)
+    "auto-native": ("auto", "auto", "native"),  # ... on Arbor's (int8 activations), wherever they build
 }
 STEP_ROWS = (1, 2, 4, 8, 16)
 # Twenty prompts for greedy agreement: the twelve held out from drafter training, and eight more.
@@ -59,8 +61,8 @@ def parse_formats(text: str) -> list[str]:
 
 
 def load_format(model: str | None, name: str, cache_dir: Path | None = None) -> ServingModel:
-    dtype, quantize = FORMAT_PRECISIONS[name]
-    return load_serving_model(model, "none", dtype=dtype, quantize=quantize, cache_dir=cache_dir)
+    dtype, quantize, kernels = FORMAT_PRECISIONS[name]
+    return load_serving_model(model, "none", dtype=dtype, quantize=quantize, kernels=kernels, cache_dir=cache_dir)
 
 
 def run_formats(config: DecodeConfig, formats: list[str]) -> tuple[dict, Path]:
@@ -102,7 +104,7 @@ def _report(
         mine = {c.name: runs[c.name] for c in contenders if c.name.endswith(f"[{name}]")}
         plain = f"arbor none [{name}]"
         per_format[name] = {
-            "precision": dict(zip(("dtype", "quantize"), FORMAT_PRECISIONS[name], strict=True)),
+            "precision": dict(zip(("dtype", "quantize", "kernels"), FORMAT_PRECISIONS[name], strict=True)),
             "formats": _describe_formats(served[name]),
             "step_ms": step_costs(served[name]),
             "losslessness": losslessness(mine, plain, config.temperature > 0) if plain in mine else None,

@@ -30,6 +30,7 @@ def results_dir(out: str | Path | None) -> Path:
 
 def machine_info() -> dict:
     return {
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "platform": platform.platform(),
@@ -78,6 +79,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it ("" elsewhere): say which CPU a figure came from."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
 
 
 def write_json(path: Path, data: dict) -> None:

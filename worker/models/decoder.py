@@ -339,11 +339,6 @@ class Decoder(nn.Module):
         assert self.selector is not None, "a decoder on the exact path holds one format"
         self.selector.set(plan, decode_format or plan.format_for(1))
 
-    def set_decode_rows(self, num_rows: int) -> None:
-        """Forwards with logits in the plan's format for `num_rows` (a mode's verification width)."""
-        assert self.selector is not None, "a decoder on the exact path holds one format"
-        self.selector.set(self.selector.plan, self.selector.plan.format_for(num_rows))
-
     def _bucket_padding(self, lanes: Sequence[LaneRows], num_rows: int) -> int:
         """Rows to pad a decode step with, up to its bucket (0: not a decode step, or past the last)."""
         buckets = self.decode_buckets

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from worker.kernels.native_lib import load_kernels
+from worker.kernels.native_linear import NativeQuantizedLinear
+from worker.kernels.packing import as_native_sees
 from worker.models.decoder import MLP, Attention, Decoder, DecoderLayer
 from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
@@ -144,9 +147,8 @@ def planned_linear(
     if alternative is not None and alternative == primary:  # every layer holds its formats in one order
         impls[f"{alternative} (again)"] = impls[primary]
     elif alternative is not None:
-        twin = (
-            as_kernel_sees(kernel_weight).dequantize() if not isinstance(kernel_weight, torch.Tensor) else kernel_weight
-        )
+        seen_as = as_native_sees if formats.kernels == "native" else as_kernel_sees
+        twin = seen_as(kernel_weight).dequantize() if not isinstance(kernel_weight, torch.Tensor) else kernel_weight
         impls[alternative] = format_module(twin, source.bias, alternative, formats, device)
     return PlannedLinear(impls, in_features, out_features)
 
@@ -161,7 +163,11 @@ def format_module(
     if weight_format in ("int4", "int8"):
         assert not isinstance(weight, torch.Tensor), "quantize before packing"
         activation = DENSE_DTYPES[formats.activation_dtype]
-        return QuantizedLinear(weight, None if bias is None else bias.to(activation), device)
+        bias = None if bias is None else bias.to(activation)
+        if formats.kernels == "native":
+            kernels = load_kernels(formats.native_isa or "portable")
+            return NativeQuantizedLinear(as_native_sees(weight), bias, kernels, torch.get_num_threads())
+        return QuantizedLinear(weight, bias, device)
     return dense_linear(dequantized(weight), bias, DENSE_DTYPES[weight_format], device)
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
+from worker.kernels.native_lib import kernel_choice
 from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
@@ -68,13 +69,15 @@ def load_model(
     cache_dir: Path | None = None,
     quantize: str = "auto",
     row_plan: RowPlan | None = None,
+    kernels: str = "auto",
 ) -> LoadedModel:
     """`dtype` is the activation dtype ("auto": weight_formats.py); `quantize` the linears' format.
 
     An explicit float dtype with quantize "auto" is the exact path of before. A model that keeps
     two formats gets `row_plan`, or else one measured here (row_timing.py, a few seconds for
-    SmolLM2); its decode format is the plan's at one row until the serving model sets it for its
-    speculation mode (Decoder.set_formats).
+    SmolLM2) for its prefill chunks. Every forward with logits runs in the body's format, by rule:
+    timing never decides the numbers a request's tokens come from. `kernels` (auto|native|torch)
+    says who multiplies quantized weights on a CPU (worker/kernels/cpu_features.py).
     """
     dtype_name = _dtype_name(dtype)
     checkpoint = read_checkpoint(path, cache_dir, keep_quantized=True)
@@ -83,20 +86,28 @@ def load_model(
 
         return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), dtype_name, device, quantize)
     config = ModelConfig.from_hf(checkpoint.config)
+    device_type = torch.device(device).type
+    native_isa = native_kernels_isa(kernels) if device_type == "cpu" else None
     formats = linear_formats(
-        quantize, dtype_name, torch.device(device).type, checkpoint.quantization, _num_params(checkpoint)
+        quantize, dtype_name, device_type, checkpoint.quantization, _num_params(checkpoint), native_isa
     )
     if formats.is_exact_path:
         checkpoint = checkpoint.dequantized()
         decoder = build_decoder(config, checkpoint.tensors, DTYPES[formats.activation_dtype], device)
     else:
         decoder = build_fast_decoder(config, checkpoint, formats, device)
-        decoder.set_formats(row_plan or plan_rows(decoder, formats))
+        decoder.set_formats(row_plan or plan_rows(decoder, formats), decode_format=formats.body)
     owned = _decoder_tensor_names(config) | set(checkpoint.quantized)
     extras = {name: tensor for name, tensor in checkpoint.tensors.items() if name not in owned}
     checkpoint.tensors, checkpoint.quantized = {}, {}
     name = _model_name(path, checkpoint.source)
     return LoadedModel(name=name, decoder=decoder, checkpoint=checkpoint, extra_tensors=extras, formats=formats)
+
+
+def native_kernels_isa(kernels: str) -> str | None:
+    """The native kernels' path for `kernels` on this machine, or None for PyTorch's (logged once)."""
+    choice = kernel_choice(kernels)
+    return choice.isa if choice.kernels == "native" else None
 
 
 def _decoder_tensor_names(config: ModelConfig) -> set[str]:

@@ -37,6 +37,8 @@ class LinearFormats:
     head: WeightFormat  # lm_head
     alternative: WeightFormat | None = None  # a dense copy of every linear, for the rows it wins
     refine_head: bool = False  # the head's best candidates recomputed exactly (refined_head.py)
+    kernels: str = "torch"  # who multiplies int4/int8: "torch" (aten) or "native" (worker/kernels/)
+    native_isa: str | None = None  # the native kernels' path ("avx512_vnni", "portable")
 
     @property
     def is_exact_path(self) -> bool:
@@ -69,9 +71,15 @@ def resolve_quantize(quantize: str, dtype: str, source_quantization: str | None)
 
 
 def linear_formats(
-    quantize: str, dtype: str, device_type: str, source_quantization: str | None, num_params: int
+    quantize: str,
+    dtype: str,
+    device_type: str,
+    source_quantization: str | None,
+    num_params: int,
+    native_isa: str | None = None,
 ) -> LinearFormats:
-    """The formats for a model: see the module docstring; `source_quantization` is "int4", "int8" or None."""
+    """The formats for a model: see the module docstring; `source_quantization` is "int4", "int8" or None.
+    `native_isa` set: quantized linears run on the native kernels (worker/kernels/cpu_features.py)."""
     activation = resolve_activation_dtype(dtype, device_type)
     chosen = resolve_quantize(quantize, dtype, source_quantization)
     if chosen == "none":
@@ -80,7 +88,16 @@ def linear_formats(
         raise ValueError(f"quantize={quantize!r}: choose from {', '.join(QUANTIZE_CHOICES)}")
     alternative: WeightFormat | None = "bfloat16" if num_params <= MAX_ALTERNATIVE_PARAMS else None
     body: WeightFormat = "int4" if chosen == "int4" else "int8"
-    return LinearFormats(activation, body, body, alternative, refine_head=activation != "bfloat16")
+    kernels = "native" if native_isa is not None and device_type == "cpu" else "torch"
+    return LinearFormats(
+        activation,
+        body,
+        body,
+        alternative,
+        refine_head=activation != "bfloat16",
+        kernels=kernels,
+        native_isa=native_isa if kernels == "native" else None,
+    )
 
 
 def _dense(activation: str) -> WeightFormat:

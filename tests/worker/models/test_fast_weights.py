@@ -129,14 +129,17 @@ def test_gguf_cache_round_trips_quantized_tensors(tmp_path: Path) -> None:
     assert all(torch.equal(dense_cached.tensors[n], w.dequantize()) for n, w in fresh.quantized.items())
 
 
-def test_q4_gguf_loads_into_int4_without_requantizing(tmp_path: Path) -> None:
+# torch: bfloat16 activations, scales rounded to bfloat16; native: int8 activations per block of 32
+# (measured on this tiny random model: 0.019 and 0.046 of the largest logit)
+@pytest.mark.parametrize(("kernels", "tolerance"), [("torch", 0.03), ("native", 0.07)])
+def test_q4_gguf_loads_into_int4_without_requantizing(tmp_path: Path, kernels: str, tolerance: float) -> None:
     write_tiny_gguf(tmp_path / "tiny.gguf", qtype=Q.Q4_1)
-    model = load_model(tmp_path / "tiny.gguf", dtype="auto", row_plan=RowPlan.single("int4"))
+    model = load_model(tmp_path / "tiny.gguf", dtype="auto", row_plan=RowPlan.single("int4"), kernels=kernels)
     assert model.formats is not None and model.formats.body == "int4"
     exact = load_model(tmp_path / "tiny.gguf", dtype="float32").decoder
     ours, expected = logits(model.decoder, PROMPT[:6]), logits(exact, PROMPT[:6])
-    # same int4 grid, scales rounded to bfloat16: close to the file's own float32 model
-    assert (ours - expected).abs().max().item() < 0.03 * expected.abs().max().item()
+    # the file's own int4 grid: close to its float32 model
+    assert (ours - expected).abs().max().item() < tolerance * expected.abs().max().item()
 
 
 def test_refined_head_is_exact_on_its_candidates_and_fast_elsewhere() -> None:

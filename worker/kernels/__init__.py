@@ -1,0 +1,1 @@
+"""Arbor's own CPU kernels (native/), built at first use, and their Python side."""

@@ -1,0 +1,63 @@
+"""Which kernels a worker runs, decided from the CPU's features: a torch-free pure function.
+
+The native kernels (native/quant_dot.c) have two paths: AVX-512 VNNI (`vpdpbusd`, unsigned x
+signed byte dot products into int32: Intel since Cascade Lake, AMD since Zen 4) and portable C
+with the same sums in the same order (bitwise the same results, ~50x slower). A CPU without VNNI
+is better served by PyTorch's own weight-only kernels than by the portable path, so `auto` (the
+default) picks native only where VNNI runs; the portable path is there for tests and for a
+`--kernels native` that insists.
+
+Worked example: flags {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} with a compiler ->
+KernelChoice("native", "avx512_vnni"); the same flags without a compiler -> ("torch", None,
+"no C compiler: ...").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_CHOICES = ("auto", "native", "torch")
+VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+ISA_CODES = {"portable": 0, "avx512_vnni": 1}  # the `isa` argument of the C entry points
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    kernels: str  # "native" or "torch"
+    isa: str | None  # the native path ("avx512_vnni", "portable"); None for torch
+    reason: str  # one line for the start-up log
+
+    def describe(self) -> str:
+        return f"{self.kernels} kernels ({self.isa or 'aten'}): {self.reason}"
+
+
+def best_isa(flags: Collection[str]) -> str:
+    return "avx512_vnni" if set(flags) >= VNNI_FLAGS else "portable"
+
+
+def choose_kernels(requested: str, flags: Collection[str], compiler: str | None) -> KernelChoice:
+    """`requested` is auto|native|torch; `compiler` the C compiler found (None: none)."""
+    if requested not in KERNEL_CHOICES:
+        raise ValueError(f"kernels={requested!r}: choose from {', '.join(KERNEL_CHOICES)}")
+    if requested == "torch":
+        return KernelChoice("torch", None, "asked for")
+    if compiler is None:
+        return KernelChoice("torch", None, "no C compiler (cc/gcc) to build the native kernels")
+    isa = best_isa(flags)
+    if isa == "portable" and requested == "auto":
+        return KernelChoice("torch", None, "this CPU lacks AVX-512 VNNI (" + ", ".join(sorted(VNNI_FLAGS)) + ")")
+    return KernelChoice("native", isa, f"CPU features {', '.join(sorted(VNNI_FLAGS & set(flags))) or 'none'}")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first processor's flags as Linux names them (empty where there is no /proc/cpuinfo)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags") and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
