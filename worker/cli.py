@@ -17,7 +17,7 @@ from shared.structured_output import StructuredOutput, json_schema_output
 SPECULATION_MODES = get_args(Speculation)
 DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16")
 QUANTIZE_CHOICES = get_args(Quantize)
-KERNEL_CHOICES = ("auto", "native", "torch")  # worker/kernels/cpu_features.py
+KERNEL_CHOICES = ("auto", "native", "native-int8", "torch")  # worker/kernels/cpu_features.py
 
 
 def add_generate_parser(subparsers) -> None:
@@ -78,7 +78,8 @@ def add_precision_arguments(parser: argparse.ArgumentParser, default: str | None
         choices=KERNEL_CHOICES,
         default=default,
         help="who multiplies int4/int8 weights on a CPU: native (Arbor's AVX-512 VNNI kernels, built at first "
-        "use), torch (aten), auto = native where the CPU and a C compiler allow (ARBOR_KERNELS)",
+        "use; native-int8: one-term int8 activations as llama.cpp), torch (aten), auto = native where the CPU "
+        "and a C compiler allow (ARBOR_KERNELS)",
     )
 
 

@@ -35,7 +35,8 @@ FORMAT_PRECISIONS: dict[str, tuple[str, str, str]] = {  # name -> (--dtype, --qu
     "int4": ("auto", "int4", "auto"),
     "auto": ("auto", "auto", "auto"),  # the default: what `arbor generate` and the worker load
     "auto-torch": ("auto", "auto", "torch"),  # the default format on PyTorch's kernels (bfloat16 activations)
-    "auto-native": ("auto", "auto", "native"),  # ... on Arbor's (int8 activations), wherever they build
+    "auto-native": ("auto", "auto", "native"),  # ... on Arbor's (two-term int8 activations), wherever they build
+    "auto-native-int8": ("auto", "auto", "native-int8"),  # ... with one-term int8 activations (llama.cpp's)
 }
 STEP_ROWS = (1, 2, 4, 8, 16)
 # Twenty prompts for greedy agreement: the twelve held out from drafter training, and eight more.

@@ -1,4 +1,4 @@
-"""Builds native/quant_dot.c into a shared library at first use, cached by the source's hash.
+"""Builds native/*.c into one shared library at first use, cached by the source's hash.
 
 Why at first use and not at install: the wheel stays pure Python (the gateway image needs no
 compiler), and a library built on the machine that runs it needs no cross-CPU care (the AVX-512
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-SOURCE = Path(__file__).parent / "native" / "quant_dot.c"
+SOURCES = (Path(__file__).parent / "native" / "quant_dot.c", Path(__file__).parent / "native" / "fused_layers.c")
 # -ffp-contract=off: the portable path's float sums must be the fmaf calls written, no others fused
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-pthread")
 COMPILE_TIMEOUT_S = 120
@@ -45,7 +45,7 @@ def default_cache_dir() -> Path:
 def built_library(compiler: str, cache_dir: Path | None = None) -> Path:
     """The library's path, built now if this source has not been built before. Raises
     `KernelBuildError` with the compiler's message when the build fails."""
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     folder = cache_dir or default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def built_library(compiler: str, cache_dir: Path | None = None) -> Path:
         return library
     fd, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
     os.close(fd)
-    command = [compiler, *FLAGS, "-o", partial, str(SOURCE), "-lm"]
+    command = [compiler, *FLAGS, "-o", partial, *(str(path) for path in SOURCES), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
     if result.returncode != 0:
         os.unlink(partial)

@@ -18,7 +18,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNEL_CHOICES = ("auto", "native", "torch")
+# native-int8: activations in one int8 term per block (llama.cpp's Q8 rule: faster at many rows,
+# further from float32) instead of two (16-bit precision); see native/quant_dot.c
+KERNEL_CHOICES = ("auto", "native", "native-int8", "torch")
 VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 ISA_CODES = {"portable": 0, "avx512_vnni": 1}  # the `isa` argument of the C entry points
 
@@ -28,9 +30,12 @@ class KernelChoice:
     kernels: str  # "native" or "torch"
     isa: str | None  # the native path ("avx512_vnni", "portable"); None for torch
     reason: str  # one line for the start-up log
+    activations: str = "int16"  # native activations: "int16" (two int8 terms) or "int8"
 
     def describe(self) -> str:
-        return f"{self.kernels} kernels ({self.isa or 'aten'}): {self.reason}"
+        if self.kernels == "torch":
+            return f"torch kernels (aten): {self.reason}"
+        return f"native kernels ({self.isa}, {self.activations} activations): {self.reason}"
 
 
 def best_isa(flags: Collection[str]) -> str:
@@ -48,7 +53,9 @@ def choose_kernels(requested: str, flags: Collection[str], compiler: str | None)
     isa = best_isa(flags)
     if isa == "portable" and requested == "auto":
         return KernelChoice("torch", None, "this CPU lacks AVX-512 VNNI (" + ", ".join(sorted(VNNI_FLAGS)) + ")")
-    return KernelChoice("native", isa, f"CPU features {', '.join(sorted(VNNI_FLAGS & set(flags))) or 'none'}")
+    activations = "int8" if requested == "native-int8" else "int16"
+    features = ", ".join(sorted(VNNI_FLAGS & set(flags))) or "none"
+    return KernelChoice("native", isa, f"CPU features {features}", activations)
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:

@@ -26,17 +26,25 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 
 
+RESIDUAL_STEPS = 254  # a two-term block: x ~= scale * (254 q + residual), native/quant_dot.c
+
+
 @dataclass(slots=True)
 class QuantizedRows:
-    """Activations quantized per block of 32: x[t, k] ~= q[t, k] * scales[t, k // 32]."""
+    """Activations quantized per block of 32: x[t, k] ~= q[t, k] * scales[t, k // 32], or with a
+    residual term x[t, k] ~= (254 q[t, k] + residual[t, k]) * scales[t, k // 32] (16-bit precision)."""
 
     q: torch.Tensor  # [rows, k] int8
+    residual: torch.Tensor | None  # [rows, k] int8, the second term, or None
     scales: torch.Tensor  # [rows, k / 32] float32
-    sums: torch.Tensor  # [rows, k / 32] int32, each block's sum of q
+    sums: torch.Tensor  # [rows, k / 32] int32, each block's sum of its (combined) q
 
     def dequantize(self) -> torch.Tensor:
         rows, k = self.q.shape
-        return (self.q.view(rows, k // QK, QK).to(torch.float32) * self.scales[..., None]).view(rows, k)
+        q = self.q.to(torch.int32)
+        if self.residual is not None:
+            q = q * RESIDUAL_STEPS + self.residual.to(torch.int32)
+        return (q.view(rows, k // QK, QK).to(torch.float32) * self.scales[..., None]).view(rows, k)
 
 
 class NativeKernels:
@@ -44,9 +52,9 @@ class NativeKernels:
         self.lib = ctypes.CDLL(str(library))
         self.isa = isa
         self._isa_code = ISA_CODES[isa]
-        self.lib.arbor_quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _I]
+        self.lib.arbor_quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _P, _I]
         self.lib.arbor_quantize_rows.restype = None
-        self.lib.arbor_quant_matmul.argtypes = [_P, _I, _P, _P, _P, _I, _I, _I, _P, _I, _I]
+        self.lib.arbor_quant_matmul.argtypes = [_P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I]
         self.lib.arbor_quant_matmul.restype = None
         self.q4_record_bytes = self.lib.arbor_q4_record_bytes()
         self.q8_record_bytes = self.lib.arbor_q8_record_bytes()
@@ -61,17 +69,25 @@ class NativeKernels:
         twin.isa, twin._isa_code = isa, ISA_CODES[isa]
         return twin
 
-    def quantize_rows(self, x: torch.Tensor) -> QuantizedRows:
+    def quantize_rows(self, x: torch.Tensor, two_term: bool = True) -> QuantizedRows:
         """x [rows, k] float32 contiguous, k a multiple of 32."""
         rows, k = x.shape
         assert x.dtype == torch.float32 and x.is_contiguous() and k % QK == 0, (x.dtype, x.shape)
         q = torch.empty(rows, k, dtype=torch.int8)
+        residual = torch.empty(rows, k, dtype=torch.int8) if two_term else None
         scales = torch.empty(rows, k // QK, dtype=torch.float32)
         sums = torch.empty(rows, k // QK, dtype=torch.int32)
         self.lib.arbor_quantize_rows(
-            x.data_ptr(), rows, k, q.data_ptr(), scales.data_ptr(), sums.data_ptr(), self._isa_code
+            x.data_ptr(),
+            rows,
+            k,
+            q.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            scales.data_ptr(),
+            sums.data_ptr(),
+            self._isa_code,
         )
-        return QuantizedRows(q, scales, sums)
+        return QuantizedRows(q, residual, scales, sums)
 
     def matmul(self, packed: torch.Tensor, bits: int, rows: QuantizedRows, n: int, threads: int = 1) -> torch.Tensor:
         """[rows, n] float32: the quantized rows times a weight packed by packing.py (`bits` 4 or 8)."""
@@ -81,6 +97,7 @@ class NativeKernels:
             packed.data_ptr(),
             bits,
             rows.q.data_ptr(),
+            None if rows.residual is None else rows.residual.data_ptr(),
             rows.scales.data_ptr(),
             rows.sums.data_ptr(),
             num_rows,

@@ -1,6 +1,7 @@
 """A linear layer whose int4 or int8 weight runs on the native kernels (native/quant_dot.c).
 
-The input is quantized to int8 per block of 32 (native_lib.QuantizedRows) and multiplied in
+The input is quantized per block of 32 (native_lib.QuantizedRows: two int8 terms, or one as llama.cpp
+does with `--kernels native-int8`) and multiplied in
 integers block by block; the output is float32, cast to the activation dtype. Every row is
 computed on its own in a fixed order, so a row's output does not depend on the rows beside it:
 the property that makes verification and plain decoding agree bit for bit.
@@ -21,13 +22,21 @@ MIN_OPS_PER_THREAD = 20_000_000
 
 
 class NativeQuantizedLinear(nn.Module):
-    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, kernels: NativeKernels, threads: int = 1):
+    def __init__(
+        self,
+        weight: QuantizedWeight,
+        bias: torch.Tensor | None,
+        kernels: NativeKernels,
+        threads: int = 1,
+        two_term: bool = True,
+    ):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits = 4 if isinstance(weight, Int4Weight) else 8
         self.packed = pack_int4(weight) if isinstance(weight, Int4Weight) else pack_int8(weight)
         self.kernels = kernels
         self.threads = threads
+        self.two_term = two_term  # activations to 16-bit precision in two int8 terms (native_lib.QuantizedRows)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @property
@@ -42,7 +51,7 @@ class NativeQuantizedLinear(nn.Module):
         if x.dim() != 2:  # a drafter's single hidden state [in], or [..., in]
             return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
         rows = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
-        quantized = self.kernels.quantize_rows(rows)
+        quantized = self.kernels.quantize_rows(rows, self.two_term)
         ops = rows.shape[0] * self.out_features * self.in_features
         threads = max(1, min(self.threads, ops // MIN_OPS_PER_THREAD))
         out = self.kernels.matmul(self.packed, self.bits, quantized, self.out_features, threads)  # [T, out]

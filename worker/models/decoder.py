@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.kernels.fused_layers import FusedLayers, RowTables
 from worker.models.config import ModelConfig
 from worker.models.kv_cache import KVCache
 from worker.models.kv_pool import PackedRows, PagedKVCache
@@ -317,6 +318,7 @@ class Decoder(nn.Module):
         # linear layers, norms and MLP then run in a few fixed shapes, the pieces a CUDA graph can
         # capture around the attention (as vLLM's piecewise graphs do). None: exactly its rows.
         self.decode_buckets: tuple[int, ...] | None = None
+        self.fused: FusedLayers | None = None  # every layer in one native call (worker/kernels/fused_layers.py)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -396,7 +398,10 @@ class Decoder(nn.Module):
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(torch.tensor(token_ids, device=self.device))  # [R, hidden]
-        for index, layer in enumerate(self.model.layers):
+        storage = self._fused_storage(lanes, spans, len(token_ids))
+        if storage is not None:
+            x = self._fused_forward(x, cos, sin, lanes, spans, storage, wanted, hidden)
+        for index, layer in enumerate(self.model.layers if storage is None else ()):
             assert isinstance(layer, DecoderLayer)
             x = layer.forward_lanes(x, cos, sin, index, spans, packed)
             if index in wanted:
@@ -409,6 +414,49 @@ class Decoder(nn.Module):
             lane_hidden = {layer: h[rows] for layer, h in hidden.items()}
             outputs.append(ForwardOutput(logits, lane_hidden, x[rows] if want_final_hidden else None))
         return outputs
+
+    def _fused_storage(
+        self, lanes: Sequence[LaneRows], spans: list[Span], num_rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The one K/V storage every lane of this forward writes to, where the native layers run it."""
+        fused, selector = self.fused, self.selector
+        if fused is None or selector is None or selector.index(num_rows) != fused.format_index:
+            return None
+        first = spans[0].cache
+        if isinstance(first, PagedKVCache):
+            pool = first.pool
+            same = all(isinstance(s.cache, PagedKVCache) and s.cache.pool is pool for s in spans)
+            return (pool.keys, pool.values) if same and pool.keys.dtype == torch.float32 else None
+        if len(spans) == 1 and isinstance(first, KVCache) and first.keys.dtype == torch.float32:
+            return first.keys, first.values
+        return None
+
+    def _fused_forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lanes: Sequence[LaneRows],
+        spans: list[Span],
+        storage: tuple[torch.Tensor, torch.Tensor],
+        wanted: set[int],
+        hidden: dict[int, torch.Tensor],
+    ) -> torch.Tensor:
+        assert self.fused is not None
+        lane_slots = []
+        for span in spans:
+            end = span.start + span.num_rows
+            if isinstance(span.cache, PagedKVCache):
+                assert span.start >= span.cache.shared_tokens, f"a lane writes token {span.start} into a shared block"
+                lane_slots.append(span.cache.token_slots(end))
+            else:
+                lane_slots.append(torch.arange(end))
+        tables = RowTables.build(spans, lane_slots, [lane.tree_mask for lane in lanes])
+        x = x.contiguous()
+        for index in wanted:
+            hidden[index] = torch.empty_like(x)
+        self.fused.forward(x, cos, sin, tables, storage[0], storage[1], hidden)
+        return x
 
 
 def lane_logits(

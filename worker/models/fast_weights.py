@@ -166,7 +166,8 @@ def format_module(
         bias = None if bias is None else bias.to(activation)
         if formats.kernels == "native":
             kernels = load_kernels(formats.native_isa or "portable")
-            return NativeQuantizedLinear(as_native_sees(weight), bias, kernels, torch.get_num_threads())
+            two_term = formats.native_activations == "int16"
+            return NativeQuantizedLinear(as_native_sees(weight), bias, kernels, torch.get_num_threads(), two_term)
         return QuantizedLinear(weight, bias, device)
     return dense_linear(dequantized(weight), bias, DENSE_DTYPES[weight_format], device)
 

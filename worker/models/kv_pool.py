@@ -153,6 +153,12 @@ class PagedKVCache:
         read = slots[:end]
         return pool_keys.index_select(1, read), pool_values.index_select(1, read)
 
+    def token_slots(self, end: int) -> torch.Tensor:
+        """[end] the pool slot of each token [0, end) (the blocks must be reserved)."""
+        slots = self._slots
+        assert slots is not None and end <= slots.shape[0], "reserve() the lane's blocks before a forward"
+        return slots[:end]
+
     def commit(self, num_new: int, accepted: list[int] | None = None) -> None:
         """As KVCache.commit: scratch tokens `length + accepted[i]` become tokens `length + i`."""
         start = self.length

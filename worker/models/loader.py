@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
-from worker.kernels.native_lib import kernel_choice
+from worker.kernels.fused_layers import FusedLayers, fusable
+from worker.kernels.native_lib import kernel_choice, load_kernels
 from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
@@ -87,9 +88,11 @@ def load_model(
         return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), dtype_name, device, quantize)
     config = ModelConfig.from_hf(checkpoint.config)
     device_type = torch.device(device).type
-    native_isa = native_kernels_isa(kernels) if device_type == "cpu" else None
+    choice = kernel_choice(kernels) if device_type == "cpu" else None
+    native_isa = choice.isa if choice is not None and choice.kernels == "native" else None
+    activations = choice.activations if choice is not None else "int16"
     formats = linear_formats(
-        quantize, dtype_name, device_type, checkpoint.quantization, _num_params(checkpoint), native_isa
+        quantize, dtype_name, device_type, checkpoint.quantization, _num_params(checkpoint), native_isa, activations
     )
     if formats.is_exact_path:
         checkpoint = checkpoint.dequantized()
@@ -102,12 +105,6 @@ def load_model(
     checkpoint.tensors, checkpoint.quantized = {}, {}
     name = _model_name(path, checkpoint.source)
     return LoadedModel(name=name, decoder=decoder, checkpoint=checkpoint, extra_tensors=extras, formats=formats)
-
-
-def native_kernels_isa(kernels: str) -> str | None:
-    """The native kernels' path for `kernels` on this machine, or None for PyTorch's (logged once)."""
-    choice = kernel_choice(kernels)
-    return choice.isa if choice.kernels == "native" else None
 
 
 def _decoder_tensor_names(config: ModelConfig) -> set[str]:
@@ -171,7 +168,19 @@ def build_fast_decoder(
     decoder.activation_dtype = dtype
     if config.tie_word_embeddings and isinstance(decoder.lm_head, TopKRefinedHead):
         decoder.lm_head.weight = decoder.model.embed_tokens.weight  # one copy of the exact values, not two
+    decoder.fused = _fused_layers(decoder, formats, fuse)
     return decoder.eval()
+
+
+def _fused_layers(decoder: Decoder, formats: LinearFormats, fuse: bool) -> FusedLayers | None:
+    """Every layer in one native call, where the kernels are native and the shapes fit (fused_layers.py)."""
+    if formats.kernels != "native" or not fuse or formats.activation_dtype != "float32" or decoder.config.mlp_bias:
+        return None
+    kernels = load_kernels(formats.native_isa or "portable")
+    if not fusable(decoder.config, kernels):
+        return None
+    two_term = formats.native_activations == "int16"
+    return FusedLayers(decoder, kernels, formats.formats.index(formats.body), two_term)
 
 
 def _linear_weights(decoder: Decoder) -> list[tuple[str, nn.Module]]:

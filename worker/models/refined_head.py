@@ -37,7 +37,10 @@ class TopKRefinedHead(nn.Module):
             return self.forward(x.reshape(1, -1))[0]
         candidates = logits.topk(self.num_candidates, dim=-1).indices  # [T, k]
         rows = self.weight[candidates].to(x.dtype)  # [T, k, hidden]
-        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1)  # [T, k]
+        # a product and a sum over the last dimension, not bmm: each row's sum then runs in the same
+        # order whatever the number of rows (bmm's kernel choice depends on it), so a row's logits
+        # are the same bits decoded alone or verified among others
+        exact = (rows * x.unsqueeze(1)).sum(-1)  # [T, k]
         return logits.scatter_(-1, candidates, exact.to(logits.dtype))
 
     def dense_weight(self) -> torch.Tensor:

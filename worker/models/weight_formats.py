@@ -39,6 +39,7 @@ class LinearFormats:
     refine_head: bool = False  # the head's best candidates recomputed exactly (refined_head.py)
     kernels: str = "torch"  # who multiplies int4/int8: "torch" (aten) or "native" (worker/kernels/)
     native_isa: str | None = None  # the native kernels' path ("avx512_vnni", "portable")
+    native_activations: str = "int16"  # "int16" (two int8 terms) or "int8" (one, llama.cpp's)
 
     @property
     def is_exact_path(self) -> bool:
@@ -77,6 +78,7 @@ def linear_formats(
     source_quantization: str | None,
     num_params: int,
     native_isa: str | None = None,
+    native_activations: str = "int16",
 ) -> LinearFormats:
     """The formats for a model: see the module docstring; `source_quantization` is "int4", "int8" or None.
     `native_isa` set: quantized linears run on the native kernels (worker/kernels/cpu_features.py)."""
@@ -97,6 +99,7 @@ def linear_formats(
         refine_head=activation != "bfloat16",
         kernels=kernels,
         native_isa=native_isa if kernels == "native" else None,
+        native_activations=native_activations,
     )
 
 

@@ -32,15 +32,18 @@ def weights(out_features: int, in_features: int, seed: int) -> tuple[Int4Weight,
     return int4, int8
 
 
+@pytest.mark.parametrize("two_term", [True, False])
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_kernel_equals_float64_product_of_the_same_quantized_values(
-    kernels: NativeKernels, out_features: int, in_features: int
+    kernels: NativeKernels, out_features: int, in_features: int, two_term: bool
 ) -> None:
     int4, int8 = weights(out_features, in_features, seed=out_features)
+    # half a step of the block's scale at most: amax / 254, or / 254^2 with the residual term
+    step = 254 * 254 if two_term else 254
     for num_rows in ROW_COUNTS:
         x = torch.randn(num_rows, in_features, generator=torch.Generator().manual_seed(num_rows)) * 3
-        rows = kernels.quantize_rows(x)
-        assert (rows.dequantize() - x).abs().max() <= x.abs().max() / 127  # half a step of the block's scale, at most
+        rows = kernels.quantize_rows(x, two_term)
+        assert (rows.dequantize() - x).abs().max() <= x.abs().max() / step * 1.01
         for bits, weight, packed in ((4, int4, pack_int4(int4)), (8, int8, pack_int8(int8))):
             got = kernels.matmul(packed, bits, rows, out_features).double()
             want = rows.dequantize().double() @ weight.dequantize().double().T
@@ -49,15 +52,16 @@ def test_kernel_equals_float64_product_of_the_same_quantized_values(
             assert (got - want).abs().max() <= tolerance, (bits, num_rows)
 
 
-def test_a_row_is_the_same_bits_alone_beside_others_and_on_two_threads(kernels: NativeKernels) -> None:
+@pytest.mark.parametrize("two_term", [True, False])
+def test_a_row_is_the_same_bits_alone_beside_others_and_on_two_threads(kernels: NativeKernels, two_term: bool) -> None:
     int4, int8 = weights(960, 576, seed=1)
     x = torch.randn(37, 576, generator=torch.Generator().manual_seed(2))
     for bits, packed in ((4, pack_int4(int4)), (8, pack_int8(int8))):
-        together = kernels.matmul(packed, bits, kernels.quantize_rows(x), 960)
-        on_two = kernels.matmul(packed, bits, kernels.quantize_rows(x), 960, threads=2)
+        together = kernels.matmul(packed, bits, kernels.quantize_rows(x, two_term), 960)
+        on_two = kernels.matmul(packed, bits, kernels.quantize_rows(x, two_term), 960, threads=2)
         assert torch.equal(together, on_two)
         for row in (0, 5, 36):
-            alone = kernels.matmul(packed, bits, kernels.quantize_rows(x[row : row + 1].contiguous()), 960)
+            alone = kernels.matmul(packed, bits, kernels.quantize_rows(x[row : row + 1].contiguous(), two_term), 960)
             assert torch.equal(alone[0], together[row]), (bits, row)
 
 
@@ -68,11 +72,15 @@ def test_the_vnni_path_computes_the_portable_paths_bits() -> None:
     vnni = load_kernels("avx512_vnni")
     int4, int8 = weights(133, 1536, seed=3)
     x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(4)) * 10
-    rows, rows_vnni = portable.quantize_rows(x), vnni.quantize_rows(x)
-    assert torch.equal(rows.q, rows_vnni.q) and torch.equal(rows.scales, rows_vnni.scales)
-    assert torch.equal(rows.sums, rows_vnni.sums)
-    for bits, packed in ((4, pack_int4(int4)), (8, pack_int8(int8))):
-        assert torch.equal(portable.matmul(packed, bits, rows, 133), vnni.matmul(packed, bits, rows, 133))
+    for two_term in (True, False):
+        rows, rows_vnni = portable.quantize_rows(x, two_term), vnni.quantize_rows(x, two_term)
+        assert torch.equal(rows.q, rows_vnni.q) and torch.equal(rows.scales, rows_vnni.scales)
+        assert torch.equal(rows.sums, rows_vnni.sums)
+        if two_term:
+            assert rows.residual is not None and rows_vnni.residual is not None
+            assert torch.equal(rows.residual, rows_vnni.residual)
+        for bits, packed in ((4, pack_int4(int4)), (8, pack_int8(int8))):
+            assert torch.equal(portable.matmul(packed, bits, rows, 133), vnni.matmul(packed, bits, rows, 133))
 
 
 def test_gguf_scales_are_kept_exactly_and_float_ones_rounded_to_fp16() -> None:
