@@ -4,6 +4,9 @@ FROM python:3.11-slim
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# a C compiler: the native CPU kernels (worker/kernels/) are built at first use; without one the
+# worker serves with PyTorch's kernels and says so in its log
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 10001 arbor
 WORKDIR /app
 # torch first, so the project's unpinned `torch>=` finds it and pulls nothing else

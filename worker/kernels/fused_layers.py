@@ -120,11 +120,12 @@ def fusable(config, kernels: NativeKernels) -> bool:
 
 
 class FusedLayers:
-    def __init__(self, decoder, kernels: NativeKernels, format_index: int, two_term: bool = True):
+    def __init__(self, decoder, kernels: NativeKernels, format_index: int, two_term: bool = True, threads: int = 1):
         config = decoder.config
         self.kernels = kernels
         self.format_index = format_index  # the PlannedLinear format these products are in
         self.two_term = two_term
+        self.threads = threads  # split inside the call; a row's numbers do not depend on it
         self.num_layers = config.num_hidden_layers
         self.dims = _Dims(
             config.hidden_size,
@@ -138,7 +139,8 @@ class FusedLayers:
         self._keep: list[torch.Tensor] = []
         self.layers = (_Layer * self.num_layers)(*(self._layer(layer) for layer in decoder.model.layers))
         self.fn = kernels.lib.arbor_forward_layers
-        self.fn.argtypes = [_P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int]
+        ints = [ctypes.c_int] * 3  # max_keys, two_term, threads
+        self.fn.argtypes = [_P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, _P, _P, _P, _P, *ints]
         self.fn.restype = ctypes.c_int
 
     def _ptr(self, tensor: torch.Tensor | None) -> int | None:
@@ -204,6 +206,7 @@ class FusedLayers:
             ctypes.addressof(outs),
             tables.max_keys,
             int(self.two_term),
+            self.threads,
         )
         if status != 0:
             raise MemoryError(f"native layers: scratch for {x.shape[0]} rows could not be allocated")

@@ -180,7 +180,7 @@ def _fused_layers(decoder: Decoder, formats: LinearFormats, fuse: bool) -> Fused
     if not fusable(decoder.config, kernels):
         return None
     two_term = formats.native_activations == "int16"
-    return FusedLayers(decoder, kernels, formats.formats.index(formats.body), two_term)
+    return FusedLayers(decoder, kernels, formats.formats.index(formats.body), two_term, torch.get_num_threads())
 
 
 def _linear_weights(decoder: Decoder) -> list[tuple[str, nn.Module]]:

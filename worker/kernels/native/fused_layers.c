@@ -15,6 +15,9 @@
  * `key_base` on; a lane's new row j writes its K/V to slots[key_base + context + j].
  */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +30,8 @@
 #define FUSED __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c")))
 
 void arbor_quantize_rows(const float *x, int rows, int k, int8_t *q, int8_t *q2, float *d, int32_t *s, int isa);
-void arbor_quant_matmul(const uint8_t *packed, int bits, const int8_t *qa, const int8_t *qa2, const float *da,
-                        const int32_t *sa, int rows, int k, int n, float *out, int isa, int threads);
+void arbor_quant_matmul_part(const uint8_t *packed, int bits, const int8_t *qa, const int8_t *qa2, const float *da,
+                             const int32_t *sa, int rows, int k, int n, float *out, int isa, int part, int parts);
 
 typedef struct {
     const float *attn_norm, *ffn_norm; /* [hidden] */
@@ -92,61 +95,56 @@ static void rotate(float *x, const float *cos, const float *sin, int d) {
 }
 
 /* qa2 NULL: one-term activations; else two-term (quant_dot.c's header) */
-static void product(const uint8_t *packed, int bits, const float *in, int rows, int k, int n, float *out,
-                    int8_t *qa, int8_t *qa2, float *da, int32_t *sa) {
-    arbor_quantize_rows(in, rows, k, qa, qa2, da, sa, 1);
-    arbor_quant_matmul(packed, bits, qa, qa2, da, sa, rows, k, n, out, 1, 1);
-}
-
-FUSED static void attend_row(const arbor_dims *dims, const arbor_rows *rows, int t, const float *q_row,
-                             const float *keys, const float *values, float *scores, float *out_row) {
+/* One head of row t: scores over exactly its visible keys, in slot-list order. `scratch` holds
+   2 * (max_keys + 16) floats: the scores, then the visible slots. */
+FUSED static void attend_head(const arbor_dims *dims, const arbor_rows *rows, int t, int h, const float *q_row,
+                              const float *keys, const float *values, float *scratch, float *out_row) {
     const int d = dims->head_dim, group = dims->heads / dims->kv_heads;
     const int32_t *table = rows->slots + rows->key_base[t];
     const int context = rows->context[t], i = rows->index[t], n = rows->lane_rows[t];
     const uint8_t *mask = rows->mask_offset[t] >= 0 ? rows->masks + rows->mask_offset[t] + (long)i * n : NULL;
+    float *scores = scratch;
+    int32_t *visible = (int32_t *)(scratch + context + n + 16);
     int num_keys = 0;
-    int32_t *visible = (int32_t *)(scores + context + n); /* slot list after the scores */
     for (int j = 0; j < context; j++) visible[num_keys++] = table[j];
     for (int j = 0; j < n; j++) {
         if (mask ? mask[j] : j <= i) visible[num_keys++] = table[context + j];
     }
     const float scale = 1.0f / sqrtf((float)d);
-    for (int h = 0; h < dims->heads; h++) {
-        const long head_base = (long)(h / group) * dims->kv_stride;
-        const float *q = q_row + (long)h * d;
-        float top = -INFINITY;
-        for (int j = 0; j < num_keys; j++) {
-            scores[j] = dot(q, keys + (head_base + visible[j]) * d, d) * scale;
-            top = scores[j] > top ? scores[j] : top;
+    const long head_base = (long)(h / group) * dims->kv_stride;
+    const float *q = q_row + (long)h * d;
+    float top = -INFINITY;
+    for (int j = 0; j < num_keys; j++) {
+        scores[j] = dot(q, keys + (head_base + visible[j]) * d, d) * scale;
+        top = scores[j] > top ? scores[j] : top;
+    }
+    __m512 total = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= num_keys; j += 16) {
+        const __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + j), _mm512_set1_ps(top)));
+        _mm512_storeu_ps(scores + j, p);
+        total = _mm512_add_ps(total, p);
+    }
+    if (j < num_keys) {
+        const __mmask16 tail = (__mmask16)((1u << (num_keys - j)) - 1);
+        const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + j), _mm512_set1_ps(top)));
+        _mm512_mask_storeu_ps(scores + j, tail, p);
+        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, p));
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(total);
+    float *out = out_row + (long)h * d;
+    for (int c = 0; c < d; c += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int k = 0; k < num_keys; k++) {
+            const __m512 v = _mm512_loadu_ps(values + (head_base + visible[k]) * d + c);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[k]), v, acc);
         }
-        __m512 total = _mm512_setzero_ps();
-        int j = 0;
-        for (; j + 16 <= num_keys; j += 16) {
-            const __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + j), _mm512_set1_ps(top)));
-            _mm512_storeu_ps(scores + j, p);
-            total = _mm512_add_ps(total, p);
-        }
-        if (j < num_keys) {
-            const __mmask16 tail = (__mmask16)((1u << (num_keys - j)) - 1);
-            const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + j), _mm512_set1_ps(top)));
-            _mm512_mask_storeu_ps(scores + j, tail, p);
-            total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, p));
-        }
-        const float inv = 1.0f / _mm512_reduce_add_ps(total);
-        float *out = out_row + (long)h * d;
-        for (int c = 0; c < d; c += 16) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int k = 0; k < num_keys; k++) {
-                const __m512 v = _mm512_loadu_ps(values + (head_base + visible[k]) * d + c);
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[k]), v, acc);
-            }
-            _mm512_storeu_ps(out + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
-        }
+        _mm512_storeu_ps(out + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
     }
 }
 
-FUSED static void silu_times_up(const float *gate_up, int rows, int inner, float *out) {
-    for (int t = 0; t < rows; t++) {
+FUSED static void silu_times_up(const float *gate_up, int first, int end, int inner, float *out) {
+    for (int t = first; t < end; t++) {
         const float *g = gate_up + (long)t * 2 * inner, *u = g + inner;
         for (int c = 0; c < inner; c += 16) {
             const __m512 gv = _mm512_loadu_ps(g + c);
@@ -156,70 +154,199 @@ FUSED static void silu_times_up(const float *gate_up, int rows, int inner, float
     }
 }
 
-/*
- * x [rows, hidden] (the residual stream, updated in place) through every layer. keys/values: the
- * K/V storage [layers, kv_heads, kv_stride, head_dim]. hidden_out[l], where not NULL, receives x
- * after layer l. Returns 0, or -1 when a scratch allocation fails.
- */
-FUSED int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_dims *dims, float *x, int rows,
-                               const float *cos, const float *sin, const arbor_rows *row_info, float *keys,
-                               float *values, float **hidden_out, int max_keys, int two_term) {
+/* ---------- threads: each runs every phase on its share, a spin barrier between phases ---------- */
+
+typedef struct {
+    atomic_int arrived, phase;
+    int parties;
+} spin_barrier;
+
+/* Spins (the wait between phases is microseconds); yields now and then so a thread whose partner
+   lost its core (a shared VM) does not burn that core's time. */
+static void barrier_wait(spin_barrier *b) {
+    const int phase = atomic_load_explicit(&b->phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == b->parties - 1) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->phase, phase + 1, memory_order_release);
+        return;
+    }
+    for (long spins = 1; atomic_load_explicit(&b->phase, memory_order_acquire) == phase; spins++) {
+        _mm_pause();
+        if (spins % 4096 == 0) sched_yield();
+    }
+}
+
+typedef struct {
+    const arbor_layer *layers;
+    int num_layers;
+    const arbor_dims *dims;
+    float *x;
+    int rows;
+    const float *cos, *sin;
+    const arbor_rows *row_info;
+    float *keys, *values;
+    float **hidden_out;
+    int max_keys, two_term, threads;
+    float *h, *qkv, *attn, *proj, *gate_up, *act;
+    int8_t *qa, *qa2;
+    float *da;
+    int32_t *sa;
+    spin_barrier barrier;
+    atomic_int go; /* set once the thread count is final: threads that did start wait for it */
+} forward_ctx;
+
+typedef struct {
+    forward_ctx *ctx;
+    int part;
+    float *scratch; /* this thread's attention scratch */
+} forward_part;
+
+static inline int share(int total, int part, int parts) { return (int)((long)total * part / parts); }
+
+/* norm (optional) then quantize this thread's rows of `in` [rows, k] */
+FUSED static void quantize_part(forward_ctx *c, int part, const float *in, int k) {
+    const int first = share(c->rows, part, c->threads), end = share(c->rows, part + 1, c->threads);
+    const int groups = k / QK;
+    if (end > first)
+        arbor_quantize_rows(in + (long)first * k, end - first, k, c->qa + (long)first * k,
+                            c->qa2 ? c->qa2 + (long)first * k : NULL, c->da + (long)first * groups,
+                            c->sa + (long)first * groups, 1);
+}
+
+FUSED static void product_part(forward_ctx *c, int part, const uint8_t *packed, int bits, int k, int n, float *out) {
+    arbor_quant_matmul_part(packed, bits, c->qa, c->qa2, c->da, c->sa, c->rows, k, n, out, 1, part, c->threads);
+}
+
+FUSED static void run_layers(forward_part *me) {
+    forward_ctx *c = me->ctx;
+    while (!atomic_load_explicit(&c->go, memory_order_acquire)) _mm_pause();
+    const arbor_dims *dims = c->dims;
+    const int part = me->part, parts = c->threads, rows = c->rows;
     const int H = dims->hidden, d = dims->head_dim, inner = dims->inner;
     const int q_width = dims->heads * d, kv_width = dims->kv_heads * d, qkv_width = q_width + 2 * kv_width;
-    const int widest = inner > q_width ? (inner > H ? inner : H) : (q_width > H ? q_width : H);
     const long layer_kv = (long)dims->kv_heads * dims->kv_stride * d;
-    float *h = malloc(sizeof(float) * (size_t)rows * H);
-    float *qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
-    float *attn = malloc(sizeof(float) * (size_t)rows * q_width);
-    float *proj = malloc(sizeof(float) * (size_t)rows * H);
-    float *gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inner);
-    float *act = malloc(sizeof(float) * (size_t)rows * inner);
-    float *scores = malloc(sizeof(float) * (size_t)2 * (max_keys + 16));
-    int8_t *qa = malloc((size_t)rows * widest);
-    int8_t *qa2 = two_term ? malloc((size_t)rows * widest) : NULL;
-    float *da = malloc(sizeof(float) * (size_t)rows * (widest / QK));
-    int32_t *sa = malloc(sizeof(int32_t) * (size_t)rows * (widest / QK));
-    int status = 0;
-    if (!h || !qkv || !attn || !proj || !gate_up || !act || !scores || !qa || !da || !sa || (two_term && !qa2)) {
-        status = -1;
-        goto done;
-    }
-    for (int l = 0; l < num_layers; l++) {
-        const arbor_layer *w = layers + l;
-        float *layer_keys = keys + l * layer_kv, *layer_values = values + l * layer_kv;
-        for (int t = 0; t < rows; t++) rms_norm(x + (long)t * H, w->attn_norm, H, dims->eps, h + (long)t * H);
-        product(w->qkv, w->qkv_bits, h, rows, H, qkv_width, qkv, qa, qa2, da, sa);
-        for (int t = 0; t < rows; t++) {
-            float *row = qkv + (long)t * qkv_width;
+    const int first = share(rows, part, parts), end = share(rows, part + 1, parts);
+    for (int l = 0; l < c->num_layers; l++) {
+        const arbor_layer *w = c->layers + l;
+        float *layer_keys = c->keys + l * layer_kv, *layer_values = c->values + l * layer_kv;
+        for (int t = first; t < end; t++) rms_norm(c->x + (long)t * H, w->attn_norm, H, dims->eps, c->h + (long)t * H);
+        quantize_part(c, part, c->h, H);
+        barrier_wait(&c->barrier);
+        product_part(c, part, w->qkv, w->qkv_bits, H, qkv_width, c->qkv);
+        barrier_wait(&c->barrier);
+        for (int t = first; t < end; t++) {
+            float *row = c->qkv + (long)t * qkv_width;
             if (w->qkv_bias)
-                for (int c = 0; c < qkv_width; c++) row[c] += w->qkv_bias[c];
+                for (int i = 0; i < qkv_width; i++) row[i] += w->qkv_bias[i];
             for (int head = 0; head < dims->heads + dims->kv_heads; head++) {
-                float *part = row + (long)head * d;
+                float *piece = row + (long)head * d;
                 const float *norm = head < dims->heads ? w->q_norm : w->k_norm;
-                if (norm) rms_norm(part, norm, d, dims->eps, part);
-                rotate(part, cos + (long)t * d, sin + (long)t * d, d);
+                if (norm) rms_norm(piece, norm, d, dims->eps, piece);
+                rotate(piece, c->cos + (long)t * d, c->sin + (long)t * d, d);
             }
-            const int32_t slot = row_info->slots[row_info->key_base[t] + row_info->context[t] + row_info->index[t]];
+            const arbor_rows *ri = c->row_info;
+            const int32_t slot = ri->slots[ri->key_base[t] + ri->context[t] + ri->index[t]];
             for (int g = 0; g < dims->kv_heads; g++) {
                 const long at = ((long)g * dims->kv_stride + slot) * d;
                 memcpy(layer_keys + at, row + q_width + (long)g * d, sizeof(float) * d);
                 memcpy(layer_values + at, row + q_width + kv_width + (long)g * d, sizeof(float) * d);
             }
         }
-        for (int t = 0; t < rows; t++)
-            attend_row(dims, row_info, t, qkv + (long)t * qkv_width, layer_keys, layer_values, scores,
-                       attn + (long)t * q_width);
-        product(w->o, w->o_bits, attn, rows, q_width, H, proj, qa, qa2, da, sa);
-        for (long i = 0; i < (long)rows * H; i++) x[i] += proj[i];
-        for (int t = 0; t < rows; t++) rms_norm(x + (long)t * H, w->ffn_norm, H, dims->eps, h + (long)t * H);
-        product(w->gate_up, w->gate_up_bits, h, rows, H, 2 * inner, gate_up, qa, qa2, da, sa);
-        silu_times_up(gate_up, rows, inner, act);
-        product(w->down, w->down_bits, act, rows, inner, H, proj, qa, qa2, da, sa);
-        for (long i = 0; i < (long)rows * H; i++) x[i] += proj[i];
-        if (hidden_out && hidden_out[l]) memcpy(hidden_out[l], x, sizeof(float) * (size_t)rows * H);
+        barrier_wait(&c->barrier);
+        const int items = rows * dims->heads; /* (row, head) pairs, split evenly */
+        for (int item = share(items, part, parts); item < share(items, part + 1, parts); item++) {
+            const int t = item / dims->heads, h = item % dims->heads;
+            attend_head(dims, c->row_info, t, h, c->qkv + (long)t * qkv_width, layer_keys, layer_values, me->scratch,
+                        c->attn + (long)t * q_width);
+        }
+        barrier_wait(&c->barrier);
+        quantize_part(c, part, c->attn, q_width);
+        barrier_wait(&c->barrier);
+        product_part(c, part, w->o, w->o_bits, q_width, H, c->proj);
+        barrier_wait(&c->barrier);
+        for (int t = first; t < end; t++) {
+            float *xt = c->x + (long)t * H;
+            const float *pt = c->proj + (long)t * H;
+            for (int i = 0; i < H; i++) xt[i] += pt[i];
+            rms_norm(xt, w->ffn_norm, H, dims->eps, c->h + (long)t * H);
+        }
+        quantize_part(c, part, c->h, H);
+        barrier_wait(&c->barrier);
+        product_part(c, part, w->gate_up, w->gate_up_bits, H, 2 * inner, c->gate_up);
+        barrier_wait(&c->barrier);
+        silu_times_up(c->gate_up, first, end, inner, c->act);
+        quantize_part(c, part, c->act, inner);
+        barrier_wait(&c->barrier);
+        product_part(c, part, w->down, w->down_bits, inner, H, c->proj);
+        barrier_wait(&c->barrier);
+        for (int t = first; t < end; t++) {
+            float *xt = c->x + (long)t * H;
+            const float *pt = c->proj + (long)t * H;
+            for (int i = 0; i < H; i++) xt[i] += pt[i];
+            if (c->hidden_out && c->hidden_out[l]) memcpy(c->hidden_out[l] + (long)t * H, xt, sizeof(float) * H);
+        }
+        barrier_wait(&c->barrier);
     }
+}
+
+static void *run_layers_thread(void *arg) {
+    run_layers((forward_part *)arg);
+    return NULL;
+}
+
+/*
+ * x [rows, hidden] (the residual stream, updated in place) through every layer. keys/values: the
+ * K/V storage [layers, kv_heads, kv_stride, head_dim]. hidden_out[l], where not NULL, receives x
+ * after layer l. `threads` split every phase (rows, tiles of output rows, (row, head) pairs of
+ * attention): a row's numbers never depend on the count. Returns 0, or -1 when scratch or a
+ * thread cannot be had.
+ */
+int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_dims *dims, float *x, int rows,
+                         const float *cos, const float *sin, const arbor_rows *row_info, float *keys, float *values,
+                         float **hidden_out, int max_keys, int two_term, int threads) {
+    const int H = dims->hidden, d = dims->head_dim, inner = dims->inner;
+    const int q_width = dims->heads * d, qkv_width = q_width + 2 * dims->kv_heads * d;
+    const int widest = inner > q_width ? (inner > H ? inner : H) : (q_width > H ? q_width : H);
+    if (threads < 1) threads = 1;
+    if (threads > 16) threads = 16;
+    forward_ctx c = {layers, num_layers, dims, x, rows, cos, sin, row_info, keys, values, hidden_out, max_keys,
+                     two_term, threads};
+    c.h = malloc(sizeof(float) * (size_t)rows * H);
+    c.qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
+    c.attn = malloc(sizeof(float) * (size_t)rows * q_width);
+    c.proj = malloc(sizeof(float) * (size_t)rows * H);
+    c.gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inner);
+    c.act = malloc(sizeof(float) * (size_t)rows * inner);
+    c.qa = malloc((size_t)rows * widest);
+    c.qa2 = two_term ? malloc((size_t)rows * widest) : NULL;
+    c.da = malloc(sizeof(float) * (size_t)rows * (widest / QK));
+    c.sa = malloc(sizeof(int32_t) * (size_t)rows * (widest / QK));
+    float *scratch = malloc(sizeof(float) * (size_t)threads * 2 * (max_keys + 32));
+    atomic_init(&c.barrier.arrived, 0);
+    atomic_init(&c.barrier.phase, 0);
+    atomic_init(&c.go, 0);
+    c.barrier.parties = threads;
+    int status = 0;
+    if (!c.h || !c.qkv || !c.attn || !c.proj || !c.gate_up || !c.act || !c.qa || !c.da || !c.sa || !scratch ||
+        (two_term && !c.qa2)) {
+        status = -1;
+        goto done;
+    }
+    forward_part parts[16];
+    pthread_t ids[16];
+    int started = 1;
+    for (int i = 0; i < threads; i++) parts[i] = (forward_part){&c, i, scratch + (long)i * 2 * (max_keys + 32)};
+    for (; started < threads; started++) {
+        if (pthread_create(&ids[started], NULL, run_layers_thread, &parts[started]) != 0) break;
+    }
+    /* threads that could not be started are done without: the others have not begun */
+    c.threads = c.barrier.parties = started;
+    atomic_store_explicit(&c.go, 1, memory_order_release);
+    run_layers(&parts[0]);
+    for (int i = 1; i < started; i++) pthread_join(ids[i], NULL);
 done:
-    free(h); free(qkv); free(attn); free(proj); free(gate_up); free(act); free(scores); free(qa); free(qa2); free(da); free(sa);
+    free(c.h); free(c.qkv); free(c.attn); free(c.proj); free(c.gate_up); free(c.act);
+    free(c.qa); free(c.qa2); free(c.da); free(c.sa); free(scratch);
     return status;
 }
 #endif

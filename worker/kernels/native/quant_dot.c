@@ -390,6 +390,15 @@ void arbor_quant_matmul(const uint8_t *packed, int bits, const int8_t *qa, const
     for (int i = 1; i < threads; i++) pthread_join(ids[i], NULL);
 }
 
+/* One thread's share of a product: tiles [part * tiles / parts, (part + 1) * tiles / parts). */
+void arbor_quant_matmul_part(const uint8_t *packed, int bits, const int8_t *qa, const int8_t *qa2, const float *da,
+                             const int32_t *sa, int rows, int k, int n, float *out, int isa, int part, int parts) {
+    const int tiles = (n + TILE - 1) / TILE;
+    const matmul_job job = {packed, qa, qa2, da, sa, out, rows, k, n, isa, bits,
+                            (int)((long)tiles * part / parts), (int)((long)tiles * (part + 1) / parts)};
+    run_tiles(&job);
+}
+
 /* 1 when this CPU runs the AVX-512 VNNI path (checked at run time, whatever the build machine was) */
 int arbor_cpu_has_avx512_vnni(void) {
 #ifdef ARBOR_X86
