@@ -208,7 +208,7 @@ class ProtocolPeer:
             time.sleep(0.02)
 
     def _check_body(self, job: Job) -> None:
-        model = ChatCompletionRequest if job.kind == "chat" else CompletionRequest
+        model = CompletionRequest if job.kind == "completion" else ChatCompletionRequest
         try:
             model.model_validate_json(job.body)
         except ValidationError as exc:
