@@ -10,7 +10,8 @@
     thinking enabled, budget_tokens -> reasoning_budget, enable_thinking; disabled -> budget 0, off
     stop_sequences, temperature, top_p, top_k, max_tokens -> the same sampling fields
 
-`max_tokens` above the gateway's cap is lowered to it rather than refused: Claude Code asks for
+`max_tokens` above the gateway's cap is lowered to it rather than refused, and the worker lowers it
+further to the room the prompt leaves in the context (`fit_max_tokens`): Claude Code asks for
 32000 whatever the model, and a shorter limit only means the answer may end sooner.
 """
 
@@ -41,6 +42,7 @@ def to_chat_request(req: MessagesRequest, limits: Limits) -> ChatCompletionReque
     refuses gets in this way (raises pydantic.ValidationError)."""
     body = _conversation(req) | {
         "max_tokens": min(req.max_tokens, limits.max_tokens),
+        "fit_max_tokens": True,
         "stream": req.stream,
         # The matched stop sequence is reported in the final event; the text stops before it.
         "stop": req.stop_sequences or None,

@@ -92,7 +92,11 @@ def build_spec(
         raise JobRejected(f"n={request.n} exceeds this worker's {max_lanes} lanes", ErrorCode.INVALID_REQUEST)
     prompt_ids = encode_prompt(request, served)
     runner = served.runner
-    max_tokens = request.requested_max_tokens() or max(runner.max_context - len(prompt_ids), 1)
+    room = max(runner.max_context - len(prompt_ids), 1)
+    max_tokens = request.requested_max_tokens() or room
+    if isinstance(request, ChatCompletionRequest) and request.fit_max_tokens and max_tokens > room:
+        max_tokens = room
+        request = request.model_copy(update={"max_tokens": room, "max_completion_tokens": None})
     params = to_sampling_params(request, default_max_tokens=max_tokens)
     try:
         if job.kind != "count":  # a prompt is counted whatever its length
