@@ -168,6 +168,7 @@ class MessagesRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     metadata: dict[str, Any] | None = None  # user_id: a tag; used by nothing
+    seed: int | None = None  # Arbor's, as on the chat route: reproducible sampling (not Anthropic's)
 
 
 class CountTokensRequest(BaseModel):

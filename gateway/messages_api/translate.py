@@ -49,6 +49,7 @@ def to_chat_request(req: MessagesRequest, limits: Limits) -> ChatCompletionReque
         "temperature": req.temperature,
         "top_p": req.top_p,
         "top_k": req.top_k,
+        "seed": req.seed,
     }
     return ChatCompletionRequest.model_validate(_without_none(body), context=limits_context(limits))
 

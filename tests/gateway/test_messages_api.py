@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anthropic
 import pytest
 
 from shared.openai_schema import ChatCompletionRequest
@@ -339,3 +340,17 @@ def test_an_alias_reaches_its_model_and_is_listed(gateway: GatewayServer, make_p
         "claude-sonnet-4-5": MODEL,
         "gpt-5": MODEL,
     }
+
+
+def test_the_anthropic_sdk_authenticates_with_its_x_api_key(make_gateway, peer: ProtocolPeer) -> None:
+    gateway = make_gateway(api_keys=API_KEY)
+
+    with anthropic.Anthropic(base_url=gateway.base_url, api_key=API_KEY, max_retries=0, timeout=20) as sdk:
+        message = sdk.messages.create(model=MODEL, max_tokens=16, messages=[USER])
+    with anthropic.Anthropic(base_url=gateway.base_url, api_key="wrong", max_retries=0, timeout=20) as sdk:
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            sdk.messages.create(model=MODEL, max_tokens=16, messages=[USER])
+
+    assert [block.text for block in message.content] == ["Hello, world"]
+    assert refused.value.body["error"]["type"] == "authentication_error"
+    assert len(peer.jobs) == 1
