@@ -347,9 +347,9 @@ def test_the_anthropic_sdk_authenticates_with_its_x_api_key(make_gateway, peer: 
 
     with anthropic.Anthropic(base_url=gateway.base_url, api_key=API_KEY, max_retries=0, timeout=20) as sdk:
         message = sdk.messages.create(model=MODEL, max_tokens=16, messages=[USER])
-    with anthropic.Anthropic(base_url=gateway.base_url, api_key="wrong", max_retries=0, timeout=20) as sdk:
-        with pytest.raises(anthropic.AuthenticationError) as refused:
-            sdk.messages.create(model=MODEL, max_tokens=16, messages=[USER])
+    wrong = anthropic.Anthropic(base_url=gateway.base_url, api_key="wrong", max_retries=0, timeout=20)
+    with wrong, pytest.raises(anthropic.AuthenticationError) as refused:
+        wrong.messages.create(model=MODEL, max_tokens=16, messages=[USER])
 
     assert [block.text for block in message.content] == ["Hello, world"]
     assert refused.value.body["error"]["type"] == "authentication_error"
