@@ -4,6 +4,7 @@ body and the exact event sequence they send back, Anthropic's error envelope, x-
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import anthropic
@@ -12,7 +13,7 @@ import pytest
 from shared.openai_schema import ChatCompletionRequest
 from shared.protocol import Job
 from tests.gateway.conftest import MODEL, GatewayServer
-from tests.gateway.protocol_peer import ProtocolPeer, Step, delta, error, final
+from tests.gateway.protocol_peer import ProtocolPeer, Step, WaitForCancel, delta, error, final
 
 API_KEY = "sk-arbor-messages"
 USER = {"role": "user", "content": "hi"}
@@ -354,3 +355,38 @@ def test_the_anthropic_sdk_authenticates_with_its_x_api_key(make_gateway, peer: 
     assert [block.text for block in message.content] == ["Hello, world"]
     assert refused.value.body["error"]["type"] == "authentication_error"
     assert len(peer.jobs) == 1
+
+
+def _first_then_wait(job: Job) -> list[Step]:
+    return [delta("first", token_ids=[1]), WaitForCancel(timeout_s=10)]
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_a_client_gone_mid_stream_cancels_the_job(gateway: GatewayServer, make_peer) -> None:
+    peer = make_peer(script=_first_then_wait)
+
+    with gateway.http().stream("POST", "/v1/messages", json=BODY | {"stream": True}) as response:
+        lines = response.iter_lines()
+        seen = [next(lines) for _ in range(12)]  # message_start, ping, the text block's start and first delta
+        # leaving the block closes the connection mid-stream
+
+    assert any('"text":"first"' in line for line in seen), seen
+    _wait_for(lambda: peer.cancelled == [peer.jobs[0].id])
+
+
+def test_a_deadline_ends_the_message_with_an_api_error(make_gateway, make_peer) -> None:
+    gateway = make_gateway(request_timeout_s=1.0)
+    peer = make_peer(script=_first_then_wait)
+
+    whole = gateway.http().post("/v1/messages", json=BODY)
+    events = _sse(gateway, BODY)
+
+    assert whole.status_code == 504 and whole.json()["error"]["type"] == "api_error"
+    assert events[-1][0] == "error" and "did not finish within" in events[-1][1]["error"]["message"]
+    _wait_for(lambda: len(peer.cancelled) == 2)
