@@ -82,7 +82,7 @@ def _parse(model: type[Body], raw: bytes) -> Body:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        raise errors.from_validation(exc) from None
+        raise messages_errors.invalid_request(exc) from None
 
 
 def _translated(make: Callable[[], ChatCompletionRequest]) -> ChatCompletionRequest:

@@ -257,7 +257,7 @@ def test_an_image_is_refused_by_name(gateway: GatewayServer, peer: ProtocolPeer)
 
     error = gateway.http().post("/v1/messages", json=body).json()["error"]
 
-    assert "messages.0.content" in error["message"] and "image blocks are not supported" in error["message"]
+    assert error["message"].startswith("messages.0.content.1: image blocks are not supported"), error
     assert peer.jobs == []
 
 
