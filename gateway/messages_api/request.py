@@ -159,7 +159,7 @@ class MessagesRequest(BaseModel):
     messages: list[InputMessage] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     system: str | list[TextBlock] | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

@@ -235,6 +235,7 @@ def test_a_worker_error_mid_stream_is_an_error_event(gateway: GatewayServer, mak
         ({"thinking": {"type": "enabled"}}, "thinking"),
         ({"temperature": "hot"}, "temperature"),
         ({"stop_sequences": "END"}, "stop_sequences"),
+        ({"stop_sequences": [""]}, "stop_sequences.0"),
     ],
 )
 def test_bad_input_is_anthropics_400_naming_the_field_and_queues_nothing(
