@@ -104,6 +104,8 @@ def test_a_stream_yields_the_same_message(client: anthropic.Anthropic) -> None:
     assert "".join(texts) == PLAIN.text
     assert [block.model_dump() for block in final.content] == [block.model_dump() for block in whole.content]
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == whole.usage.output_tokens
+    prompt = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt  # from message_delta
 
 
 def test_a_stop_sequence_ends_the_text_and_is_named(client: anthropic.Anthropic) -> None:
