@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.openai_responses import UsageInfo
+from gateway.openai_responses import PromptTokensDetails, UsageInfo
 from shared.openai_messages import ToolCall, ToolCallFunction
 from shared.protocol import DeltaEvent, FinalEvent, TokenLogprob, ToolCallDelta
 
@@ -38,8 +38,10 @@ class ChoiceState:
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
     def add_delta(self, event: DeltaEvent) -> None:
         self.text.append(event.text)
@@ -50,8 +52,10 @@ class ChoiceState:
 
     def add_final(self, event: FinalEvent) -> None:
         self.finish_reason = event.finish_reason
+        self.stop_sequence = event.stop_sequence
         self.prompt_tokens = event.usage.prompt_tokens
         self.completion_tokens = event.usage.completion_tokens
+        self.cached_tokens = event.usage.cached_tokens
 
     def tool_calls(self) -> list[ToolCall]:
         return [self.calls[index].tool_call() for index in sorted(self.calls)]
@@ -70,9 +74,21 @@ class Outcome:
 
     def usage(self) -> UsageInfo:
         """The prompt is counted once (every choice shares it); completions are summed."""
-        prompt = max(state.prompt_tokens for state in self.choices)
-        completion = sum(state.completion_tokens for state in self.choices)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        return usage_info(self.choices)
+
+
+def usage_info(choices: list[ChoiceState]) -> UsageInfo:
+    """The prompt is counted once per prompt (its choices share it, and its cache hit: the least
+    any of them reused); completions are summed."""
+    prompt = max(state.prompt_tokens for state in choices)
+    completion = sum(state.completion_tokens for state in choices)
+    details = PromptTokensDetails(cached_tokens=min(state.cached_tokens for state in choices))
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=details,
+    )
 
 
 class Outcomes(Protocol):

@@ -1,5 +1,8 @@
 """May this request be queued? A live, ready worker for its model, and room in the model's stream.
 
+A request may name the model or one of its aliases (a worker's `--served-model-name name,alias`);
+`admit` returns the model's own name, the stream the job goes to.
+
     no live worker at all              -> 503 no_ready_worker (nothing can be served)
     live workers, none for this model  -> 404 model_not_found
     workers for it, none ready         -> 503 no_ready_worker
@@ -46,28 +49,34 @@ class Admission:
     def __init__(self, redis: Redis, clock: Callable[[], float] = time.monotonic) -> None:
         self._read = redis.register_script(_READ)
         self._clock = clock
-        self._servable_at: dict[str, float] = {}  # model -> when a read last found a ready worker for it
+        # requested name -> (when a read last found a ready worker for it, the model's own name)
+        self._servable_at: dict[str, tuple[float, str]] = {}
 
-    async def admit(self, model: str) -> None:
-        """Raises ApiError when no worker can serve `model`. Callers bound it with a timeout."""
-        found_at = self._servable_at.get(model)
-        if found_at is not None and self._clock() - found_at < FLEET_FRESH_S:
-            return
+    async def admit(self, model: str) -> str:
+        """The name of the model `model` names (itself, or the model it is an alias of). Raises
+        ApiError when no worker can serve it. Callers bound it with a timeout."""
+        found = self._servable_at.get(model)
+        if found is not None and self._clock() - found[0] < FLEET_FRESH_S:
+            return found[1]
         fleet = await self._read(keys=[keys.WORKERS_SET], args=[keys.worker_heartbeat("")])
         rows = dict(zip(fleet[::2], map(_pairs, fleet[1::2]), strict=True))
         workers = [beat for worker_id in sorted(rows) if (beat := parse_heartbeat(worker_id, rows[worker_id]))]
-        check_workers(workers, model)  # a refusal raises, and leaves nothing trusted
-        self._servable_at[model] = self._clock()
+        served = check_workers(workers, model)  # a refusal raises, and leaves nothing trusted
+        self._servable_at[model] = (self._clock(), served)
+        return served
 
 
-def check_workers(workers: list[Heartbeat], model: str) -> None:
+def check_workers(workers: list[Heartbeat], model: str) -> str:
+    """The served name of the model `model` names; its own name wins over another's alias."""
     if not workers:
         raise errors.no_ready_worker(None)
-    serving = [worker for worker in workers if worker.model == model]
+    serving = [worker for worker in workers if worker.model == model] or [w for w in workers if w.serves(model)]
     if not serving:
         raise errors.model_not_found(model)
-    if not any(worker.ready for worker in serving):
+    ready = [worker for worker in serving if worker.ready]
+    if not ready:
         raise errors.no_ready_worker(model)
+    return ready[0].model
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:

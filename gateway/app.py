@@ -22,6 +22,8 @@ from starlette.routing import Route
 from gateway.admission import Admission
 from gateway.errors import ApiError
 from gateway.hub import EventHub
+from gateway.messages_api import errors as messages_errors
+from gateway.messages_api.route import count_tokens, create_message
 from gateway.metrics import GatewayMetrics
 from gateway.middleware.auth import AuthMiddleware
 from gateway.middleware.disconnect import DisconnectMiddleware
@@ -42,6 +44,8 @@ REDIS_MAX_CONNECTIONS = 128  # per gateway process; commands queue for one beyon
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/messages", create_message, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
@@ -71,7 +75,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         assert isinstance(exc, ApiError)
         if exc.status < 500 or exc.code in ("no_ready_worker", "redis_unavailable"):
             gateway_metrics.rejections.labels(reason=exc.code).inc()
-        return exc.response()
+        return _in_envelope(request, exc)
 
     middleware = [
         Middleware(RequestMetricsMiddleware, http_requests=gateway_metrics.http_requests),
@@ -110,9 +114,16 @@ def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     codes = {404: "not_found", 405: "method_not_allowed"}
     code = codes.get(exc.status_code, "http_error")
     error = ApiError(exc.status_code, str(exc.detail), code, headers=exc.headers)
-    return error.response()
+    return _in_envelope(request, error)
 
 
 def on_crash(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s", request.url.path, exc_info=exc)
-    return ApiError(500, "Internal server error", "internal_error").response()
+    return _in_envelope(request, ApiError(500, "Internal server error", "internal_error"))
+
+
+def _in_envelope(request: Request, error: ApiError) -> JSONResponse:
+    """Anthropic's error envelope on its API's paths, OpenAI's everywhere else."""
+    if messages_errors.is_messages_path(request.url.path):
+        return messages_errors.response(error)
+    return error.response()

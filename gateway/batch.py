@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 
 from gateway.accumulate import ChoiceState
 from gateway.generation import Generation
-from gateway.openai_responses import UsageInfo
+from gateway.openai_responses import PromptTokensDetails, UsageInfo
 from shared.protocol import DeltaEvent, FinalEvent
 
 
@@ -35,7 +35,13 @@ class BatchOutcome:
         usages = [gen.outcome.usage() for gen in self._generations]
         prompt = sum(usage.prompt_tokens for usage in usages)
         completion = sum(usage.completion_tokens for usage in usages)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        cached = sum(usage.prompt_tokens_details.cached_tokens for usage in usages if usage.prompt_tokens_details)
+        return UsageInfo(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
 
 
 class GenerationBatch:

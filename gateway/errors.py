@@ -98,7 +98,8 @@ def _describe(error: Mapping[str, Any]) -> str:
 
 
 def unauthorized() -> ApiError:
-    return ApiError(401, "Invalid or missing API key (send 'Authorization: Bearer <key>')", "invalid_api_key")
+    message = "Invalid or missing API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')"
+    return ApiError(401, message, "invalid_api_key")
 
 
 def body_too_large(max_bytes: int) -> ApiError:

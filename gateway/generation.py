@@ -169,6 +169,8 @@ class Generation:
         return GenerationFailed(error)
 
     def _observe(self, event: DeltaEvent | FinalEvent) -> None:
+        if self.job.kind == "count":
+            return  # a prompt counted, nothing generated: no request to report
         metrics = self._svc.metrics
         now = asyncio.get_running_loop().time()
         if isinstance(event, FinalEvent):
@@ -183,6 +185,8 @@ class Generation:
         self._last_delta_at = now
 
     def _observe_finish(self) -> None:
+        if self.job.kind == "count":
+            return
         metrics = self._svc.metrics
         usage = self.outcome.usage()
         metrics.e2e.observe(asyncio.get_running_loop().time() - self._arrived)

@@ -12,7 +12,7 @@ from shared import keys
 from shared.openai_schema import ChatCompletionRequest, GenerationRequest
 from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 
-ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl"}
+ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl", "count": "count"}
 MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
 
 # KEYS: the model's stream, the request's enqueued marker.  ARGV: the marker's ttl, the queue

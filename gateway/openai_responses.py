@@ -15,10 +15,15 @@ from shared.openai_messages import ToolCall
 from shared.protocol import TokenLogprob, ToolCallDelta
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the prefill cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ChatLogprobs(BaseModel):
@@ -102,6 +107,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "arbor"
     max_model_len: int | None = None
+    root: str | None = None  # for an alias: the model it names
 
 
 class ModelList(BaseModel):

@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from gateway.messages_api.request import CountTokensRequest, MessagesRequest
 from gateway.openai_responses import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -24,6 +25,8 @@ REF = "#/components/schemas/{model}"
 _MODELS: list[tuple[type[BaseModel], Any]] = [
     (ChatCompletionRequest, "validation"),
     (CompletionRequest, "validation"),
+    (MessagesRequest, "validation"),
+    (CountTokensRequest, "validation"),
     (ChatCompletion, "serialization"),
     (ChatCompletionChunk, "serialization"),
     (Completion, "serialization"),
@@ -61,6 +64,20 @@ def _generation(
     }
 
 
+def _anthropic(summary: str, request: type[BaseModel]) -> dict[str, Any]:
+    """The Messages API's replies are Anthropic's shapes, documented in docs/API.md."""
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {
+                "200": {"description": "Anthropic's reply (JSON, or server-sent events with stream=true)"},
+                "default": {"description": 'An error: {"type": "error", "error": {"type", "message"}}'},
+            },
+        }
+    }
+
+
 @cache
 def build_openapi() -> dict[str, Any]:
     _, schemas = models_json_schema(_MODELS, ref_template=REF)
@@ -73,6 +90,8 @@ def build_openapi() -> dict[str, Any]:
                 "Chat completion", ChatCompletionRequest, ChatCompletion, ChatCompletionChunk
             ),
             "/v1/completions": _generation("Text completion", CompletionRequest, Completion, Completion),
+            "/v1/messages": _anthropic("Anthropic Messages API: a message, or its event stream", MessagesRequest),
+            "/v1/messages/count_tokens": _anthropic("Anthropic's token count: {input_tokens}", CountTokensRequest),
             "/v1/models": {
                 "get": {
                     "summary": "Served models",

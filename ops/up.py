@@ -45,6 +45,9 @@ def add_up_parser(subparsers: Any) -> None:
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--speculation", default=None, help="none|mtp|dflash|tree|ngram (default: SPECULATION or mtp)")
     parser.add_argument("--draft", default=None)
+    parser.add_argument(
+        "--served-model-name", default=None, help="name,alias,... clients may send as model (ARBOR_SERVED_MODEL_NAME)"
+    )
     parser.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S)
     parser.set_defaults(handler=run_up)
 
@@ -82,7 +85,7 @@ def run_up(args: argparse.Namespace) -> int:
         restarts.start([child.name for child in supervisor.children])
         info = StackInfo(os.getpid(), args.port, url, redis_url, args.workers)
         stack_path = write_stack(info, runtime_dir())
-        _announce(url, args.workers, served_name(args.model))
+        _announce(url, args.workers, (args.served_model_name or "").split(",")[0].strip() or served_name(args.model))
         while not stopping:
             give_up = supervisor.poll()
             if give_up is not None:
@@ -149,13 +152,14 @@ def _check_settings(args: argparse.Namespace) -> None:
 def _worker_args(args: argparse.Namespace) -> list[str]:
     argv = ["worker"]
     for flag, value in _worker_flags(args).items():
-        argv += [f"--{flag}", str(value)]
+        argv += [f"--{flag.replace('_', '-')}", str(value)]
     return argv
 
 
 def _worker_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags `arbor up` passes on to each worker, where given."""
-    return {flag: getattr(args, flag) for flag in ("model", "speculation", "draft") if getattr(args, flag) is not None}
+    flags = ("model", "speculation", "draft", "served_model_name")
+    return {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
 
 
 def _command(argv: list[str]) -> list[str]:

@@ -26,6 +26,7 @@ class Heartbeat(BaseModel):
 
     worker_id: str
     model: str  # the served model name clients put in "model"
+    aliases: tuple[str, ...] = ()  # other names clients may use for it; a comma-separated field
     speculation: str  # mtp | tree | dflash | ngram | none
     ready: bool  # loaded and reading its stream
     lanes_total: int
@@ -44,12 +45,18 @@ class Heartbeat(BaseModel):
     def to_fields(self) -> dict[str, str]:
         fields = self.model_dump()
         fields["ready"] = "1" if self.ready else "0"
+        fields["aliases"] = ",".join(self.aliases)
         return {name: str(value) for name, value in fields.items()}
 
     @classmethod
     def from_fields(cls, fields: Mapping[_Field, bytes | str]) -> Heartbeat:
-        raw = {_text(k): _text(v) for k, v in fields.items()}
+        raw: dict[str, object] = {_text(k): _text(v) for k, v in fields.items()}
+        raw["aliases"] = tuple(name for name in str(raw.get("aliases", "")).split(",") if name)
         return cls.model_validate(raw)
+
+    def serves(self, model: str) -> bool:
+        """Whether a request naming `model` is this worker's: its name or one of its aliases."""
+        return model == self.model or model in self.aliases
 
     def age_s(self, now: float | None = None) -> float:
         return max(0.0, (time.time() if now is None else now) - self.beat_at)

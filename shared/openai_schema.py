@@ -260,6 +260,9 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     reasoning_budget: int | None = Field(None, ge=0)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # Arbor's: lower max_tokens to the room the prompt leaves in the model's context instead of
+    # refusing the request (set by /v1/messages: Claude Code asks for 32000 whatever the model)
+    fit_max_tokens: bool = False
     # OpenAI platform fields. Each is accepted where its value asks for what Arbor does anyway and
     # refused by name where it asks for more: Arbor stores nothing and has one tier and text only.
     store: bool | None = None

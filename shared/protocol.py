@@ -52,7 +52,7 @@ EVENT_LOG_TTL_S = 600  # refreshed on every RPUSH, so it outlives any gap the ga
 JOB_STATE_TTL_S = 600  # refreshed on every event
 CANCEL_TTL_S = 600
 
-JobKind = Literal["chat", "completion"]
+JobKind = Literal["chat", "completion", "count"]  # count: a chat body whose prompt is only counted
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
 
@@ -177,6 +177,7 @@ class Usage(BaseModel):
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefill cache, not computed again
 
 
 class FinalStats(BaseModel):
@@ -216,6 +217,7 @@ class FinalEvent(_EventBase):
     type: Literal["final"] = "final"
     choice: int = 0
     finish_reason: FinishReason
+    stop_sequence: str | None = None  # the stop string that ended the text (finish_reason "stop")
     usage: Usage
     stats: FinalStats = Field(default_factory=FinalStats)
 

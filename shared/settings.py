@@ -90,7 +90,10 @@ class WorkerSettings(BaseSettings):
     model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")
     draft: str | None = Field(None, validation_alias="DRAFT")  # DFlash/MTP weights, if separate
     speculation: Speculation = Field("mtp", validation_alias="SPECULATION")
-    served_model_name: str | None = None  # ARBOR_SERVED_MODEL_NAME; default: MODEL's file stem
+    # ARBOR_SERVED_MODEL_NAME (--served-model-name) "name,alias,...": the names clients may send as
+    # "model"; the first is the one replies carry and the stream this worker reads (vLLM's rule).
+    # Default: MODEL's file stem
+    served_model_name: str | None = None
     redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
     worker_id: str = Field(default_factory=_default_worker_id, validation_alias="WORKER_ID")
     max_lanes: int = Field(32, ge=1)  # ARBOR_MAX_LANES: concurrent requests (lanes batched in each step)
@@ -148,6 +151,14 @@ class WorkerSettings(BaseSettings):
     @property
     def model_name(self) -> str:
         """The name clients send as "model" and the stream this worker reads."""
-        if self.served_model_name:
-            return self.served_model_name
-        return served_model_name(self.model)
+        names = self._served_names()
+        return names[0] if names else served_model_name(self.model)
+
+    @property
+    def model_aliases(self) -> tuple[str, ...]:
+        """Other names clients may send for this model (the gateway maps them to `model_name`)."""
+        return self._served_names()[1:]
+
+    def _served_names(self) -> tuple[str, ...]:
+        names = (name.strip() for name in (self.served_model_name or "").split(","))
+        return tuple(dict.fromkeys(name for name in names if name))

@@ -170,6 +170,12 @@ def add_worker_parser(subparsers) -> None:
     parser.add_argument(
         "--speculation", default=None, choices=SPECULATION_MODES, help="speculation mode (SPECULATION, default mtp)"
     )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name for clients, then aliases, comma-separated: 'qwen,claude-sonnet-4-5' "
+        "(ARBOR_SERVED_MODEL_NAME, default: the file or folder name)",
+    )
     parser.add_argument("--max-lanes", type=int, default=None, help="concurrent requests (ARBOR_MAX_LANES)")
     parser.add_argument("--max-context", type=int, default=None, help="tokens per lane (ARBOR_MAX_CONTEXT)")
     parser.add_argument(
@@ -209,6 +215,7 @@ _WORKER_FLAGS = (
     "model",
     "draft",
     "speculation",
+    "served_model_name",
     "max_lanes",
     "max_context",
     "prefill_cache_bytes",

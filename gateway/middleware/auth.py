@@ -1,8 +1,10 @@
-"""Bearer-token auth. No keys configured: everything is open.
+"""API-key auth. No keys configured: everything is open.
 
-With keys, every path needs `Authorization: Bearer <key>` except /health, /metrics and
-/openapi.json, which need it only when `auth_health_metrics` is set. Keys are compared with
-`hmac.compare_digest`, against every configured key, so timing reveals nothing.
+With keys, every path needs `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's
+header, what its SDK and Claude Code send) except /health, /metrics and /openapi.json, which need
+it only when `auth_health_metrics` is set. Keys are compared with `hmac.compare_digest`, against
+every configured key, so timing reveals nothing. A refusal on a /v1/messages path is sent in
+Anthropic's envelope, elsewhere in OpenAI's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import errors
+from gateway.messages_api import errors as messages_errors
 
 OPS_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
 
@@ -35,18 +38,25 @@ class AuthMiddleware:
         if scope["type"] != "http" or not self._keys or scope["path"] in self._public:
             await self.app(scope, receive, send)
             return
-        if self._accepts(Headers(scope=scope).get("authorization", "")):
+        headers = Headers(scope=scope)
+        if self._accepts_bearer(headers.get("authorization", "")) or self._accepts(headers.get("x-api-key", "")):
             await self.app(scope, receive, send)
             return
         error = errors.unauthorized()
         self._on_reject(error.code)
-        await error.response()(scope, receive, send)
+        if messages_errors.is_messages_path(scope["path"]):
+            await messages_errors.response(error)(scope, receive, send)
+        else:
+            await error.response()(scope, receive, send)
 
-    def _accepts(self, header: str) -> bool:
+    def _accepts_bearer(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
+        return scheme.lower() == "bearer" and self._accepts(token)
+
+    def _accepts(self, token: str) -> bool:
         candidate = token.strip().encode()
+        if not candidate:
+            return False
         matched = False
         for key in self._keys:  # no early exit
             matched |= hmac.compare_digest(candidate, key)

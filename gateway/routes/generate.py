@@ -56,11 +56,13 @@ async def _generate(request: Request, kind: JobKind) -> Response:
     svc: Services = request.state.services
     arrived = asyncio.get_running_loop().time()
     try:
-        raw = await _read(request, svc.settings)
+        raw = await read_request(request, svc.settings)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = parse_request(kind, raw, svc.limits)
-    await _admit(svc, req.model)
+    served = await admit(svc, req.model)
+    if served != req.model:  # an alias: the job goes to the model's stream, replies carry its name
+        req = req.model_copy(update={"model": served})
     jobs = [
         new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
         for one in _one_request_per_prompt(req)
@@ -80,7 +82,7 @@ async def _generate(request: Request, kind: JobKind) -> Response:
     return await _whole(gen, fmt)
 
 
-async def _read(request: Request, settings: GatewaySettings) -> bytes:
+async def read_request(request: Request, settings: GatewaySettings) -> bytes:
     try:
         async with asyncio.timeout(settings.client_timeout_s):
             return await read_body(request, settings.max_body_bytes)
@@ -88,11 +90,12 @@ async def _read(request: Request, settings: GatewaySettings) -> bytes:
         raise errors.body_timeout(settings.client_timeout_s) from None
 
 
-async def _admit(svc: Services, model: str) -> None:
+async def admit(svc: Services, model: str) -> str:
+    """The served name of the model `model` names (an alias names another); raises ApiError."""
     settings = svc.settings
     try:
         async with asyncio.timeout(settings.redis_timeout_s):
-            await svc.admission.admit(model)
+            return await svc.admission.admit(model)
     except (RedisError, OSError, TimeoutError) as exc:
         raise errors.redis_unavailable(exc) from exc
 

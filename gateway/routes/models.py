@@ -1,5 +1,7 @@
 """GET /v1/models (every model a live worker serves, from heartbeats) and GET /v1/models/{model}
-(one of them, or 404 model_not_found, as OpenAI's retrieve)."""
+(one of them, or 404 model_not_found, as OpenAI's retrieve). A model's aliases are listed as
+models of their own (clients with fixed model names look for theirs), each with `root` naming
+the model it is an alias of, as vLLM lists its served names."""
 
 from __future__ import annotations
 
@@ -41,15 +43,24 @@ def model_list(workers: list[Heartbeat]) -> ModelList:
     by_model: dict[str, list[Heartbeat]] = {}
     for beat in workers:
         by_model.setdefault(beat.model, []).append(beat)
-    cards = [_card(model, beats) for model, beats in sorted(by_model.items())]
+    names = {(model, model): beats for model, beats in by_model.items()}
+    for model, beats in by_model.items():
+        for beat in beats:
+            for alias in beat.aliases:
+                if alias not in by_model:  # a model's own name is never shadowed by an alias
+                    names.setdefault((alias, model), []).append(beat)
+    cards = [_card(name, model, beats) for (name, model), beats in sorted(names.items())]
     return ModelList(object="list", data=cards)
 
 
-def _card(model: str, beats: list[Heartbeat]) -> ModelCard:
+def _card(name: str, model: str, beats: list[Heartbeat]) -> ModelCard:
     contexts = [beat.max_context for beat in beats if beat.max_context]
-    return ModelCard(
-        id=model,
+    card = ModelCard(
+        id=name,
         object="model",
         created=int(min(beat.started_at for beat in beats)),
         max_model_len=min(contexts) if contexts else None,
     )
+    if name != model:
+        card.root = model
+    return card

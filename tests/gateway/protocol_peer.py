@@ -96,6 +96,7 @@ class ProtocolPeer:
     consume: bool = True  # False: beat but never read the stream (a stuck fleet)
     speculation: str = "mtp"
     lanes_total: int = 4
+    aliases: tuple[str, ...] = ()  # more names for `model` (a worker's --served-model-name name,alias)
     counters: Counters = field(default_factory=Counters)
     jobs: list[Job] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
@@ -127,6 +128,7 @@ class ProtocolPeer:
         beat = Heartbeat(
             worker_id=self.worker_id,
             model=self.model,
+            aliases=self.aliases,
             speculation=self.speculation,
             ready=self.ready,
             lanes_total=self.lanes_total,
@@ -208,7 +210,7 @@ class ProtocolPeer:
             time.sleep(0.02)
 
     def _check_body(self, job: Job) -> None:
-        model = ChatCompletionRequest if job.kind == "chat" else CompletionRequest
+        model = CompletionRequest if job.kind == "completion" else ChatCompletionRequest
         try:
             model.model_validate_json(job.body)
         except ValidationError as exc:

@@ -30,6 +30,8 @@ EXAMPLES: dict[tuple[str, str], dict | None] = {
         "max_tokens": 4,
     },
     ("POST", "/v1/completions"): {"model": MODEL, "prompt": "hi", "max_tokens": 4},
+    ("POST", "/v1/messages"): {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    ("POST", "/v1/messages/count_tokens"): {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
     ("GET", "/v1/models"): None,
     ("HEAD", "/v1/models"): None,
     ("GET", "/v1/models/{model:path}"): None,
@@ -37,6 +39,8 @@ EXAMPLES: dict[tuple[str, str], dict | None] = {
 }
 URLS = {"/v1/models/{model:path}": f"/v1/models/{MODEL}"}  # a route's path with its parameters filled in
 GENERATION_ROUTES = [route for route, body in EXAMPLES.items() if body is not None and "max_tokens" in body]
+JOB_ROUTES = [route for route, body in EXAMPLES.items() if body is not None]  # each request is one job
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 413: "request_too_large"}
 BAD_HEADERS = [
     None,
     "Bearer wrong",
@@ -69,10 +73,19 @@ def _send(gateway: GatewayServer, route: tuple[str, str], header: str | None = N
 
 
 def _assert_envelope(response, status: int, code: str) -> dict:
+    """OpenAI's envelope, or on the Messages API's paths Anthropic's (which has no code)."""
     assert response.status_code == status, response.text
+    if response.request.url.path.startswith("/v1/messages"):
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert body["error"]["type"] == ANTHROPIC_TYPES[status], body
+        return body["error"] | {"type": _TYPES_AS_OPENAI[status]}
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
     return error
+
+
+_TYPES_AS_OPENAI = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error"}
 
 
 def test_every_v1_route_has_an_example() -> None:
@@ -101,10 +114,10 @@ def test_every_v1_route_serves_a_configured_key(make_gateway, peer: ProtocolPeer
         for route in EXAMPLES:
             response = _send(gateway, route, f"Bearer {key}")
             assert response.status_code == 200, (route, response.text)
-    assert len(peer.jobs) == 2 * len(GENERATION_ROUTES)
+    assert len(peer.jobs) == 2 * len(JOB_ROUTES)
 
 
-@pytest.mark.parametrize("route", GENERATION_ROUTES)
+@pytest.mark.parametrize("route", JOB_ROUTES)
 def test_a_body_over_the_size_cap_is_413(make_gateway, peer: ProtocolPeer, route: tuple[str, str]) -> None:
     gateway = make_gateway(api_keys=KEYS, max_body_bytes=MAX_BODY_BYTES)
     padding = {"user": "x" * MAX_BODY_BYTES}  # an accepted field, so only the size is wrong
@@ -127,7 +140,7 @@ def _chunks(body: dict) -> Iterator[bytes]:
         yield raw[start : start + 256]
 
 
-@pytest.mark.parametrize("route", GENERATION_ROUTES)
+@pytest.mark.parametrize("route", [route for route in GENERATION_ROUTES if "messages" not in route[1]])
 def test_max_tokens_over_the_cap_is_400(make_gateway, peer: ProtocolPeer, route: tuple[str, str]) -> None:
     gateway = make_gateway(api_keys=KEYS, max_tokens_cap=MAX_TOKENS_CAP, default_max_tokens=MAX_TOKENS_CAP)
 
@@ -137,4 +150,14 @@ def test_max_tokens_over_the_cap_is_400(make_gateway, peer: ProtocolPeer, route:
     error = _assert_envelope(over, 400, "invalid_request")
     assert error["param"] == "max_tokens" and str(MAX_TOKENS_CAP) in error["message"], error
     assert at_cap.status_code == 200, at_cap.text
+    assert [job.request()["max_tokens"] for job in peer.jobs] == [MAX_TOKENS_CAP]
+
+
+def test_messages_max_tokens_over_the_cap_is_lowered_to_it(make_gateway, peer: ProtocolPeer) -> None:
+    """Claude Code asks for 32000 tokens whatever the model: refusing would refuse every request."""
+    gateway = make_gateway(api_keys=KEYS, max_tokens_cap=MAX_TOKENS_CAP, default_max_tokens=MAX_TOKENS_CAP)
+
+    over = _send(gateway, ("POST", "/v1/messages"), f"Bearer {API_KEY}", max_tokens=32000)
+
+    assert over.status_code == 200, over.text
     assert [job.request()["max_tokens"] for job in peer.jobs] == [MAX_TOKENS_CAP]

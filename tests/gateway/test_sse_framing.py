@@ -49,7 +49,12 @@ def test_include_usage_puts_null_usage_on_every_chunk_and_totals_last(
     chunks = [json.loads(frame) for frame in frames[:-1]]
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def _tool_script(job: Job) -> list[Step]:

@@ -157,3 +157,24 @@ def test_heartbeat_round_trips_through_a_hash() -> None:
     assert Heartbeat.from_fields({k.encode(): v.encode() for k, v in fields.items()}) == beat
     assert Heartbeat.from_fields(fields | {"ready": "0"}).ready is False
     assert beat.age_s(now=107.5) == 2.5
+
+
+def test_a_heartbeats_aliases_round_trip_and_name_its_model() -> None:
+    beat = Heartbeat(
+        worker_id="w",
+        model="qwen",
+        aliases=("claude-sonnet-4-5", "gpt-5"),
+        speculation="none",
+        ready=True,
+        lanes_total=1,
+        lanes_busy=0,
+        started_at=1.0,
+        beat_at=2.0,
+    )
+
+    fields = beat.to_fields()
+
+    assert fields["aliases"] == "claude-sonnet-4-5,gpt-5"
+    assert Heartbeat.from_fields(fields) == beat
+    assert Heartbeat.from_fields({k: v for k, v in fields.items() if k != "aliases"}).aliases == ()  # an older worker
+    assert beat.serves("qwen") and beat.serves("gpt-5") and not beat.serves("gpt")

@@ -96,3 +96,12 @@ def test_worker_rejects_an_unknown_mode_and_a_short_ttl(monkeypatch: pytest.Monk
 def test_gguf_model_names_drop_the_extension() -> None:
     assert WorkerSettings(model="/w/SmolLM2-135M-Instruct.Q4_1.gguf").model_name == "SmolLM2-135M-Instruct.Q4_1"
     assert WorkerSettings(model="x", served_model_name="smol").model_name == "smol"
+
+
+def test_a_served_model_name_list_is_the_name_then_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARBOR_SERVED_MODEL_NAME", " qwen , claude-sonnet-4-5,,gpt-5,qwen")
+    settings = WorkerSettings(model="/m/Qwen3.5-0.8B")
+
+    assert settings.model_name == "qwen"
+    assert settings.model_aliases == ("claude-sonnet-4-5", "gpt-5")
+    assert WorkerSettings(model="/m/Qwen3.5-0.8B", served_model_name="").model_aliases == ()

@@ -183,3 +183,17 @@ def test_a_constrained_job_has_its_grammar_compiled_before_it_reaches_the_owner(
     spec = spec_of(base, {"model": "tiny", "messages": messages, "guided_regex": "[ab]{3}"})
     assert spec.params.structured is not None
     assert base.runner.grammar_masks.is_compiled(spec.params.structured.check())
+
+
+def test_fit_max_tokens_lowers_max_tokens_to_the_room_the_prompt_leaves(base):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10_000}
+    spec = spec_of(base, body | {"fit_max_tokens": True})
+    room = base.runner.max_context - len(spec.prompt_ids)
+    assert spec.params.max_tokens == room
+    assert spec_of(base, body | {"max_tokens": 5, "fit_max_tokens": True}).params.max_tokens == 5  # fits: kept
+
+
+def test_a_count_job_is_prepared_even_past_the_context(base):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi " * 3000}], "max_tokens": 1}
+    spec = spec_of(base, body, kind="count")
+    assert spec.kind == "count" and len(spec.prompt_ids) > base.runner.max_context

@@ -27,6 +27,7 @@ class StopStringMatcher:
         self._held = ""
         self._include_stop = include_stop  # vLLM's include_stop_str_in_output: cut after it, not before
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Text safe to emit now, and whether a stop string was hit (text after it is dropped)."""
@@ -37,6 +38,7 @@ class StopStringMatcher:
         if found is not None:
             self._held, self.stopped = "", True
             start, end = found
+            self.matched = buffer[start:end]
             return buffer[: end if self._include_stop else start], True
         num_held = self._num_to_hold(buffer)
         self._held = buffer[len(buffer) - num_held :]

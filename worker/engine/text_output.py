@@ -36,6 +36,11 @@ class TextOutput:
         text, self.stopped = self._stops.feed(text)
         return text
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stops.matched
+
     def finish(self) -> str:
         """What was held back (an unfinished UTF-8 sequence or a possible stop-string prefix)."""
         if self.stopped:

@@ -49,12 +49,14 @@ class WorkerIdentity:
     lanes_total: int
     max_context: int
     started_at: float
+    aliases: tuple[str, ...] = ()  # other names clients may send for the model
 
 
 def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, lanes_busy: int) -> Heartbeat:
     return Heartbeat(
         worker_id=identity.worker_id,
         model=identity.model,
+        aliases=identity.aliases,
         speculation=identity.speculation,
         ready=ready,
         lanes_total=identity.lanes_total,

@@ -7,6 +7,9 @@ then refuse it if it was delivered too often (dead letter),
 passed its deadline, or was cancelled before it started; otherwise prepare it (template,
 tokenizer, sampling; off the event loop if the body is long or may carry a structured output,
 whose grammar is compiled then) and hand it to the owner thread.
+
+A job of kind "count" (`/v1/messages/count_tokens`) ends here: once its prompt is rendered and
+tokenized, one final event carries the count and the job is done, never reaching the owner.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.protocol import ErrorCode, ErrorEvent, Job, JobState
+from shared.protocol import ErrorCode, ErrorEvent, FinalEvent, Job, JobState, Usage
 from worker.redis_side.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
 from worker.redis_side.redis_io import Claim, JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
 from worker.serving_model import ServingModel
@@ -86,7 +89,18 @@ class Intake:
             message = f"{type(error).__name__}: {error}"
             await self._end_with_error(ref, state, ErrorCode.INTERNAL_ERROR, message, dead_letter=fields)
             return
+        if spec.kind == "count":
+            await self._counted(ref, state, len(spec.prompt_ids))
+            return
         self.hand_over(spec, ref)
+
+    async def _counted(self, ref: JobRef, state: JobState, num_prompt_tokens: int) -> None:
+        usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=0)
+        event = FinalEvent(
+            id=ref.request_id, attempt=ref.attempt, seq=state.next_seq, finish_reason="stop", usage=usage
+        )
+        if (await self.io.publish([Publication(ref, event)]))[0] is not PublishResult.FENCED:
+            await self.io.complete(ref)
 
     async def _end_with_error(
         self, ref: JobRef, state: JobState, code: str, message: str, dead_letter: dict[str, str] | None = None

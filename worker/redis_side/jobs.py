@@ -77,7 +77,7 @@ def parse_job(fields: dict[str, str]) -> Job:
 
 
 def parse_request(job: Job) -> GenerationRequest:
-    model = ChatCompletionRequest if job.kind == "chat" else CompletionRequest
+    model = CompletionRequest if job.kind == "completion" else ChatCompletionRequest
     try:
         return model.model_validate_json(job.body)
     except (ValidationError, ValueError) as error:
@@ -92,10 +92,15 @@ def build_spec(
         raise JobRejected(f"n={request.n} exceeds this worker's {max_lanes} lanes", ErrorCode.INVALID_REQUEST)
     prompt_ids = encode_prompt(request, served)
     runner = served.runner
-    max_tokens = request.requested_max_tokens() or max(runner.max_context - len(prompt_ids), 1)
+    room = max(runner.max_context - len(prompt_ids), 1)
+    max_tokens = request.requested_max_tokens() or room
+    if isinstance(request, ChatCompletionRequest) and request.fit_max_tokens and max_tokens > room:
+        max_tokens = room
+        request = request.model_copy(update={"max_tokens": room, "max_completion_tokens": None})
     params = to_sampling_params(request, default_max_tokens=max_tokens)
     try:
-        runner.check_fits(len(prompt_ids), params.max_tokens)
+        if job.kind != "count":  # a prompt is counted whatever its length
+            runner.check_fits(len(prompt_ids), params.max_tokens)
     except ContextLengthError as error:
         raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
     _check_in_vocabulary("logit_bias", params.logit_bias, served)

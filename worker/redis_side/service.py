@@ -94,12 +94,14 @@ class ServiceConfig:
         DEFAULT_PUBLISH_BUDGET  # share of the owner's time publishing may take: stretches the interval
     )
     orphan_timeout_s: float = 10.0  # a job no gateway has heard for this long is cancelled; 0: never
+    model_aliases: tuple[str, ...] = ()  # more names for the model, mapped to model_name by the gateway
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, speculation: str | None = None) -> ServiceConfig:
         return cls(
             worker_id=settings.worker_id,
             model_name=settings.model_name,
+            model_aliases=settings.model_aliases,
             speculation=speculation or settings.speculation,
             redis_url=settings.redis_url,
             max_lanes=settings.max_lanes,
@@ -138,7 +140,13 @@ class WorkerService:
         self.counters = WorkerCounters()
         self.capacity = Capacity(config.max_lanes)
         self.identity = WorkerIdentity(
-            config.worker_id, config.model_name, config.speculation, config.max_lanes, config.max_context, time.time()
+            config.worker_id,
+            config.model_name,
+            config.speculation,
+            config.max_lanes,
+            config.max_context,
+            time.time(),
+            config.model_aliases,
         )
         self._owner: Owner | None = None
         self._publisher_in_use: Publisher | None = None  # the owner thread's, once made (read by /metrics)

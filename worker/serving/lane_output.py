@@ -93,6 +93,11 @@ class LaneOutput:
         return self._text.stopped or self._call_made_alone
 
     @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._text.stop_sequence
+
+    @property
     def _call_made_alone(self) -> bool:
         return self._tools is not None and self._tools.done
 

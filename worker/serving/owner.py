@@ -265,6 +265,7 @@ class Owner:
                 seq=job.next_seq,
                 choice=choice,
                 finish_reason=reason,
+                stop_sequence=output.stop_sequence if reason == "stop" else None,
                 usage=self._usage(job, choice),
                 stats=FinalStats(speculation=self.config.speculation),
             ),
@@ -359,7 +360,8 @@ class Owner:
                 seq=job.next_seq,
                 choice=choice,
                 finish_reason=reason,
-                usage=self._usage(job, choice),
+                stop_sequence=output.stop_sequence if reason == "stop" else None,
+                usage=self._usage(job, choice, state.prefix_tokens),
                 stats=self._stats(job, state),
             ),
         )
@@ -444,8 +446,15 @@ class Owner:
         if not self.sink.put(Publication(job.ref, event, first_output)):
             job.next_seq += 1  # queued as its own event (True: merged into the previous delta)
 
-    def _usage(self, job: _Job, choice: int) -> Usage:
-        return Usage(prompt_tokens=len(job.spec.prompt_ids), completion_tokens=len(job.emitted[choice]))
+    def _usage(self, job: _Job, choice: int, prefix_tokens: int = 0) -> Usage:
+        """`prefix_tokens`: reused from the prefill cache (a resumed lane's prefix may run into the
+        tokens it had emitted: only the prompt's count)."""
+        num_prompt = len(job.spec.prompt_ids)
+        return Usage(
+            prompt_tokens=num_prompt,
+            completion_tokens=len(job.emitted[choice]),
+            cached_tokens=min(prefix_tokens, num_prompt),
+        )
 
     def _stats(self, job: _Job, state: LaneState) -> FinalStats:
         stats, spec = state.stats, job.spec

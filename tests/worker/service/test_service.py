@@ -84,10 +84,22 @@ def test_a_completion_with_a_stop_string_and_logprobs(redis_server, client, serv
         events = wait_done(client, submit(client, body, kind="completion"))
     expected = reference(served_none, body, "completion")[1]
     assert text_of(events) == expected.text and stop not in text_of(events)
-    assert events[-1].finish_reason == "stop"
+    assert events[-1].finish_reason == "stop" and events[-1].stop_sequence == stop
     for delta in (e for e in events if isinstance(e, DeltaEvent)):
         assert delta.logprobs is not None and len(delta.logprobs) == len(delta.token_ids)
         assert all(len(entry.top_logprobs) == 2 for entry in delta.logprobs)
+
+
+def test_a_count_job_reports_its_prompt_tokens_and_generates_nothing(redis_server, client, served_none):
+    body = chat_body([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Count me."}], max_tokens=1)
+    with InProcessWorker(service_config(redis_server.url), served_none):
+        request_id = submit(client, body, kind="count")
+        events = wait_done(client, request_id)
+        wait_for(lambda: queue_is_clean(client, request_id), 5, "the ack")
+    prompt_ids, _ = reference(served_none, body)
+    (final,) = events
+    assert isinstance(final, FinalEvent) and final.finish_reason == "stop"
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (len(prompt_ids), 0)
 
 
 def test_n_choices_run_as_separate_lanes(redis_server, client, served_none):
@@ -108,12 +120,14 @@ def test_a_second_request_with_the_same_system_prompt_hits_the_prefill_cache(
     second = chat_body([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit, please."}])
     config = service_config(redis_server.url, speculation="ngram")
     with InProcessWorker(config, served):
-        wait_done(client, submit(client, first))
+        cold_events = wait_done(client, submit(client, first))
         events = wait_done(client, submit(client, second))
         wait_for(lambda: heartbeat_of(client, config.worker_id).prefix_cache_hits == 1, 5, "the hit in the heartbeat")
         beat = heartbeat_of(client, config.worker_id)
     assert beat.prefix_cache_queries == 2
     assert events[-1].stats.model_extra["prefix_cache_tokens"] >= 32
+    assert events[-1].usage.cached_tokens == events[-1].stats.model_extra["prefix_cache_tokens"]
+    assert cold_events[-1].usage.cached_tokens == 0
     cold = reference(served, second)[1]
     assert text_of(events) == cold.text and token_ids_of(events) == cold.token_ids
     assert events[-1].stats.accepted_tokens == cold.stats.accepted_tokens  # the drafter lost nothing

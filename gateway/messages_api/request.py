@@ -1,0 +1,184 @@
+"""The body of `POST /v1/messages`, as Anthropic documents it and Claude Code sends it.
+
+What cannot change the answer is accepted and ignored: `cache_control` on any block, `metadata`,
+`service_tier`, `container`, `mcp_servers`, `context_management` and any other top-level field a
+newer client adds (`extra="ignore"` at the top level only), a thinking block's `signature`,
+`redacted_thinking` blocks. What would change it and Arbor cannot do (images, documents, a block
+type it does not know) is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # the chat route's function-name rule
+_UNSUPPORTED_BLOCKS = {
+    "image": "image blocks are not supported: Arbor serves text-only models",
+    "document": "document blocks are not supported: send the document's text in a text block",
+    "search_result": "search_result blocks are not supported",
+}
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    cache_control: dict[str, Any] | None = None  # prompt caching is automatic here: ignored
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+    citations: list[Any] | None = None  # replayed from earlier answers; ignored
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # Anthropic's integrity check of its own thinking: nothing to check here
+
+
+class RedactedThinkingBlock(_Block):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+class UnsupportedBlock(BaseModel):
+    """A block type Arbor refuses: one error saying why, not one per field it lacks."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, value: Any) -> Any:
+        raise ValueError(_UNSUPPORTED_BLOCKS[value["type"]])
+
+
+def _block_kind(value: Any) -> str | None:
+    """The union's tag: the block's type (an unknown one is a tag error naming the known ones)."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "unsupported" if kind in _UNSUPPORTED_BLOCKS else kind if isinstance(kind, str) else None
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")]
+    | Annotated[UnsupportedBlock, Tag("unsupported")],
+    Discriminator(
+        _block_kind,
+        custom_error_type="invalid_block_type",
+        custom_error_message="a block's type must be text, tool_use, tool_result, thinking or redacted_thinking",
+    ),
+]
+
+
+def _content_kind(value: Any) -> str:
+    return "blocks" if isinstance(value, list) else "text"
+
+
+# A callable discriminator, so a bad block reports the block's error, not "should be a string".
+Content = Annotated[
+    Annotated[str, Tag("text")] | Annotated[list[ContentBlock], Tag("blocks")], Discriminator(_content_kind)
+]
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["user", "assistant"]
+    content: Content
+
+
+class ToolDefinition(BaseModel):
+    """A client tool. A server tool (`type` like "web_search_20250305") runs on Anthropic's side,
+    which Arbor is not: such tools are dropped (`is_client_tool`), not refused."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    type: str | None = None
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+
+    @property
+    def is_client_tool(self) -> bool:
+        return self.type in (None, "custom")
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None  # with type "tool"
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named_when_tool(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("name is required when type is 'tool'")
+        return self
+
+
+class ThinkingConfig(BaseModel):
+    """enabled: think, at most `budget_tokens` tokens; disabled: do not; adaptive: the model's own
+    default (Arbor has no effort model to adapt)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _budget_when_enabled(self) -> ThinkingConfig:
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("budget_tokens is required when type is 'enabled'")
+        return self
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str = Field(min_length=1)
+    messages: list[InputMessage] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    metadata: dict[str, Any] | None = None  # user_id: a tag; used by nothing
+    seed: int | None = None  # Arbor's, as on the chat route: reproducible sampling (not Anthropic's)
+
+
+class CountTokensRequest(BaseModel):
+    """`POST /v1/messages/count_tokens`: a messages request without max_tokens or sampling."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str = Field(min_length=1)
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
