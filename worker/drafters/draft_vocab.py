@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.drafters.base import DrafterError
+from worker.kernels.native_linear import NativeQuantizedLinear, native_linear_of
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
 from worker.models.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
@@ -71,7 +72,11 @@ class DraftVocabulary:
             "int8": quantize_int8,
         }
         quantize = quantizers.get(primary)
-        self.head = QuantizedLinear(quantize(weight), bias, dense.device) if quantize else None
+        native = native_linear_of(lm_head)
+        if quantize and native is not None:  # the subset on the target's native kernels
+            self.head = NativeQuantizedLinear(quantize(weight), bias, native.kernels, native.threads, native.two_term)
+        else:
+            self.head = QuantizedLinear(quantize(weight), bias, dense.device) if quantize else None
         if self.head is None:
             self.weight, self.bias = weight.to(dense.dtype), bias
 

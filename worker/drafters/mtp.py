@@ -35,6 +35,7 @@ from worker.drafters.draft_checkpoint import (
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.drafters.hybrid_mtp_head import HybridMtpHead, HybridMtpLayer
 from worker.engine.sequence import Sequence
+from worker.kernels.native_linear import drafter_on_native, native_linear_of
 from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, LaneRows, RMSNorm, lane_spans
 from worker.models.hybrid.config import HybridConfig
@@ -302,6 +303,9 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
         head = HybridMtpHead(config) if isinstance(config, HybridConfig) else MtpHead(config)
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
+    native = native_linear_of(decoder.lm_head)
+    if native is not None:  # the head's layer on the target's native kernels, in int4
+        drafter_on_native(head, native)
     source = _hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
     return MtpDrafter(

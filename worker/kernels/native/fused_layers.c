@@ -172,7 +172,7 @@ static void barrier_wait(spin_barrier *b) {
     }
     for (long spins = 1; atomic_load_explicit(&b->phase, memory_order_acquire) == phase; spins++) {
         _mm_pause();
-        if (spins % 4096 == 0) sched_yield();
+        if (spins % 256 == 0) sched_yield();
     }
 }
 
