@@ -84,14 +84,23 @@ class TextContent(_Item):
         return value
 
 
+def _as_parts(value: Any) -> Any:
+    """A string is one text part, so a bad list reports the list's error, not "not a string"."""
+    if isinstance(value, str):
+        return [{"type": "input_text", "text": value}]
+    if not isinstance(value, list):
+        raise ValueError("must be a string or a list of text parts")
+    return value
+
+
 class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextContent]
+    content: list[TextContent]
+
+    _parts = field_validator("content", mode="before")(_as_parts)
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
         return "".join(part.text for part in self.content)
 
 
@@ -105,11 +114,11 @@ class FunctionCallItem(_Item):
 class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
-    output: str | list[TextContent]
+    output: list[TextContent]
+
+    _parts = field_validator("output", mode="before")(_as_parts)
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
         return "".join(part.text for part in self.output)
 
 
@@ -260,7 +269,7 @@ class StreamOptions(_Strict):
 
 class ResponsesRequest(_Strict):
     model: str = Field(min_length=1)
-    input: str | list[InputItem] = ""
+    input: list[InputItem] = Field(default_factory=list)  # a string is one user message
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     tools: list[Tool] | None = None
@@ -287,6 +296,15 @@ class ResponsesRequest(_Strict):
     service_tier: str | None = None
     conversation: Any = None
     prompt: Any = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_is_a_user_message(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "message", "role": "user", "content": value}] if value else []
+        if not isinstance(value, list):
+            raise ValueError("must be a string or a list of items")
+        return value
 
     @field_validator("max_output_tokens")
     @classmethod
@@ -340,9 +358,6 @@ class ResponsesRequest(_Strict):
         return self
 
     def items(self) -> list[Any]:
-        """The input as items: a string is one user message."""
-        if isinstance(self.input, str):
-            return [MessageItem(role="user", content=self.input)] if self.input else []
         return list(self.input)
 
     def function_tools(self) -> list[FunctionTool]:
