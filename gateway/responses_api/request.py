@@ -280,6 +280,7 @@ class ResponsesRequest(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    seed: int | None = None  # Arbor's (as on chat): a seeded sample is reproducible
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     store: bool = True

@@ -80,6 +80,7 @@ def translate(req: ResponsesRequest, previous_items: list[dict[str, Any]], limit
         "max_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
+        "seed": req.seed,
         "user": req.user,
         "parallel_tool_calls": req.parallel_tool_calls,
         "tool_choice": tool_choice,

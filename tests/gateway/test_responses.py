@@ -14,6 +14,7 @@ from shared.protocol import Job
 from tests.gateway.conftest import MODEL, GatewayServer
 from tests.gateway.protocol_peer import ProtocolPeer, Step, WaitForCancel, delta, error, final
 from tests.gateway.responses_scripts import CHAT_WEATHER, WEATHER, call_script
+from tests.gateway.test_fleet_endpoints import _sample
 
 
 def _reasoning_script(job: Job) -> list[Step]:
@@ -207,3 +208,42 @@ def test_a_client_that_leaves_cancels_the_job(gateway: GatewayServer, make_peer)
     while not peer.cancelled and time.monotonic() < deadline:
         time.sleep(0.02)
     assert peer.cancelled == [peer.jobs[0].id]
+
+
+def test_sampling_fields_reach_the_worker(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+    gateway.openai().responses.create(
+        model=MODEL,
+        input="Hi",
+        temperature=0.3,
+        top_p=0.9,
+        max_output_tokens=17,
+        user="u1",
+        parallel_tool_calls=False,
+        extra_body={"seed": 5},
+    )
+
+    body = json.loads(peer.jobs[0].body)
+    sent = {name: body[name] for name in ("temperature", "top_p", "max_tokens", "user", "parallel_tool_calls", "seed")}
+    assert sent == {
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "max_tokens": 17,
+        "user": "u1",
+        "parallel_tool_calls": False,
+        "seed": 5,
+    }
+
+
+def test_responses_are_counted_in_the_metrics(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+    http = gateway.http()
+    http.post("/v1/responses", json={"model": MODEL, "input": "Hi"})
+    http.post("/v1/responses", json={"model": MODEL, "input": 5})
+    http.get("/v1/responses/resp-unknown")
+
+    text = http.get("/metrics").text
+
+    assert _sample(text, "arbor_http_requests_total", route="/v1/responses", status="200") == 1
+    assert _sample(text, "arbor_http_requests_total", route="/v1/responses", status="400") == 1
+    assert _sample(text, "arbor_http_requests_total", route="/v1/responses/{response_id}", status="404") == 1
+    assert _sample(text, "arbor_request_success_total", finish_reason="stop") == 1
+    assert _sample(text, "arbor_generation_tokens_total") == 3

@@ -13,64 +13,7 @@ from shared import keys
 from tests.gateway.conftest import MODEL, GatewayServer
 from tests.gateway.protocol_peer import ProtocolPeer
 from tests.gateway.responses_scripts import CHAT_WEATHER, WEATHER
-
-SHELL = {
-    "type": "function",
-    "name": "shell",
-    "description": "Runs a shell command and returns its output.",
-    "strict": False,
-    "parameters": {
-        "type": "object",
-        "properties": {"command": {"type": "array", "items": {"type": "string"}}, "workdir": {"type": "string"}},
-        "required": ["command"],
-        "additionalProperties": False,
-    },
-}
-
-# The shape of a request Codex CLI sends mid-session (recorded from its Responses client): hosted
-# and custom tools, replayed reasoning with encrypted content, calls of tools Arbor never runs.
-CODEX_BODY = {
-    "model": MODEL,
-    "instructions": "You are a coding agent running in the Codex CLI.",
-    "input": [
-        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions/>"}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context/>"}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list the files"}]},
-        {
-            "type": "reasoning",
-            "id": "rs_1",
-            "summary": [{"type": "summary_text", "text": "**Listing files**"}],
-            "content": None,
-            "encrypted_content": "gAAAAABo-opaque",
-        },
-        {"type": "function_call", "id": "fc_1", "name": "shell", "arguments": '{"command":["ls"]}', "call_id": "c1"},
-        {"type": "function_call_output", "call_id": "c1", "output": "README.md\nsrc"},
-        {"type": "custom_tool_call", "status": "completed", "call_id": "c2", "name": "apply_patch", "input": "***"},
-        {"type": "custom_tool_call_output", "call_id": "c2", "output": "Done!"},
-        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "x"}},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Two files."}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "thanks"}]},
-    ],
-    "tools": [
-        SHELL,
-        {
-            "type": "custom",
-            "name": "apply_patch",
-            "description": "Edit files.",
-            "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
-        },
-        {"type": "web_search"},
-        {"type": "local_shell"},
-    ],
-    "tool_choice": "auto",
-    "parallel_tool_calls": False,
-    "reasoning": {"effort": "medium", "summary": "auto"},
-    "store": True,
-    "stream": True,
-    "include": ["reasoning.encrypted_content"],
-    "prompt_cache_key": "0199a1b2-session",
-    "text": {"verbosity": "medium"},
-}
+from tests.support.codex_request import codex_body, codex_probe
 
 
 def _events(reply: httpx.Response) -> list[dict]:
@@ -87,7 +30,7 @@ def _events(reply: httpx.Response) -> list[dict]:
 def test_a_codex_request_is_served_with_hosted_tools_skipped_and_warned(
     gateway: GatewayServer, peer: ProtocolPeer
 ) -> None:
-    reply = gateway.http().post("/v1/responses", json=CODEX_BODY)
+    reply = gateway.http().post("/v1/responses", json=codex_body(MODEL))
 
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
     events = _events(reply)
@@ -113,7 +56,7 @@ def test_a_codex_request_is_served_with_hosted_tools_skipped_and_warned(
 
 @pytest.mark.parametrize("empty", ["", []])
 def test_the_codex_probe_with_empty_input_is_answered(gateway: GatewayServer, peer: ProtocolPeer, empty) -> None:
-    probe = {"model": MODEL, "input": empty, "max_output_tokens": 1, "store": False, "stream": False}
+    probe = codex_probe(MODEL) | {"input": empty}
 
     reply = gateway.http().post("/v1/responses", json=probe)
 
