@@ -263,13 +263,13 @@ class ReasoningConfig(_Strict):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class StreamOptions(_Strict):
+class ResponsesStreamOptions(_Strict):
     include_obfuscation: bool | None = None  # nothing is obfuscated: accepted either way
 
 
 class ResponsesRequest(_Strict):
     model: str = Field(min_length=1)
-    input: list[InputItem] = Field(default_factory=list)  # a string is one user message
+    input: list[InputItem] = Field(default_factory=list, description="a string (one user message) or items")
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     tools: list[Tool] | None = None
@@ -285,7 +285,7 @@ class ResponsesRequest(_Strict):
     reasoning: ReasoningConfig | None = None
     store: bool = True
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: ResponsesStreamOptions | None = None
     background: bool | None = None
     include: list[str] | None = None  # e.g. reasoning.encrypted_content: nothing is encrypted here
     truncation: Literal["auto", "disabled"] | None = None  # Arbor never drops items; too long is a 400

@@ -148,3 +148,12 @@ def test_responses_need_the_api_key(make_gateway, peer: ProtocolPeer) -> None:
         "/v1/responses", json={"model": MODEL, "input": "hi"}, headers={"Authorization": "Bearer k1"}
     )
     assert authorized.status_code == 200 and peer.jobs
+
+
+def test_openapi_describes_the_responses_routes(gateway: GatewayServer) -> None:
+    spec = gateway.http().get("/openapi.json").json()
+
+    assert set(spec["paths"]["/v1/responses/{response_id}"]) == {"get", "delete"}
+    request = spec["components"]["schemas"]["ResponsesRequest"]
+    assert {"input", "instructions", "tools", "previous_response_id", "store"} <= set(request["properties"])
+    assert request["additionalProperties"] is False
