@@ -82,14 +82,18 @@ def test_a_replayed_reasoning_item_with_text_is_the_turns_reasoning(gateway: Gat
 
 
 def test_tools_and_a_named_tool_choice_take_the_chat_form(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+    tools = [{"type": "web_search"}, WEATHER]
     response = gateway.openai().responses.create(
-        model=MODEL, input="x", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}
+        model=MODEL, input="x", tools=tools, tool_choice={"type": "function", "name": "get_weather"}
     )
 
     body = json.loads(peer.jobs[0].body)
     assert body["tools"] == [CHAT_WEATHER]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert response.tool_choice.name == "get_weather" and response.tools[0].name == "get_weather"
+    assert response.tool_choice.name == "get_weather" and [tool.name for tool in response.tools] == ["get_weather"]
+    assert response.warnings == [
+        {"param": "tools[0]", "message": "tool type 'web_search' is not supported by Arbor; skipped"}
+    ]
 
 
 BAD_SCHEMA = {"type": "json_schema", "name": "s", "schema": {"type": "array", "uniqueItems": True}}
