@@ -76,7 +76,7 @@ async def create_response(request: Request) -> Response:
         lambda _prefix: svc.hub.request_id(RESPONSE_ID_PREFIX),
     )
     if len(job.body) > svc.settings.max_body_bytes:  # a long previous_response_id chain
-        raise _conversation_too_large(svc.settings.max_body_bytes)
+        raise _conversation_too_large(svc.settings.max_body_bytes, req.previous_response_id is not None)
     _log_warnings(job.id, translation)
     assembler = ResponseAssembler(new_response(job.id, int(job.created), req, translation.warnings))
     saver = _Saver(store, req.store, translation.items)
@@ -128,7 +128,9 @@ async def _translated(req: ResponsesRequest, store: ResponseStore, limits: Limit
     return translate(req, previous_items, limits)
 
 
-def _conversation_too_large(max_bytes: int) -> ApiError:
+def _conversation_too_large(max_bytes: int, continued: bool) -> ApiError:
+    if not continued:
+        return errors.body_too_large(max_bytes)
     message = f"The conversation, with the previous response's, exceeds the limit of {max_bytes} bytes"
     return ApiError(413, message, "request_too_large", "previous_response_id")
 
