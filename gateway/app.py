@@ -29,6 +29,7 @@ from gateway.middleware.auth import AuthMiddleware
 from gateway.middleware.disconnect import DisconnectMiddleware
 from gateway.middleware.request_metrics import RequestMetricsMiddleware
 from gateway.openapi import openapi
+from gateway.responses_api.routes import create_response, delete_response, retrieve_response
 from gateway.routes.generate import chat_completions, completions
 from gateway.routes.health import health
 from gateway.routes.metrics import metrics
@@ -46,6 +47,9 @@ ROUTES = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/messages", create_message, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),

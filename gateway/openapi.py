@@ -19,6 +19,8 @@ from gateway.openai_responses import (
     ModelCard,
     ModelList,
 )
+from gateway.responses_api.objects import DeletedResponse, ResponseObject
+from gateway.responses_api.request import ResponsesRequest
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
@@ -33,6 +35,9 @@ _MODELS: list[tuple[type[BaseModel], Any]] = [
     (ModelList, "serialization"),
     (ModelCard, "serialization"),
     (ErrorResponse, "serialization"),
+    (ResponsesRequest, "validation"),
+    (ResponseObject, "serialization"),
+    (DeletedResponse, "serialization"),
 ]
 
 
@@ -119,10 +124,36 @@ def build_openapi() -> dict[str, Any]:
                     },
                 }
             },
+            **_responses_paths(),
             "/health": {"get": {"summary": "Redis and at least one ready worker", "responses": plain}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}},
         },
         "components": {"schemas": schemas.get("$defs", {})},
+    }
+
+
+def _responses_paths() -> dict[str, Any]:
+    """/v1/responses: streamed, a sequence of `event: <type>` frames whose data carry the type and
+    a `sequence_number` (docs/API.md lists them); stored responses by id."""
+    errors = {"description": "An error", "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
+    by_id = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+    def returning(summary: str, model: type[BaseModel], **extra: Any) -> dict[str, Any]:
+        ok = {"description": "OK", "content": {"application/json": {"schema": _ref(model)}}}
+        return {"summary": summary, **extra, "responses": {"200": ok, "default": errors}}
+
+    create = returning(
+        "A model response (OpenAI's Responses API)",
+        ResponseObject,
+        requestBody={"required": True, "content": {"application/json": {"schema": _ref(ResponsesRequest)}}},
+    )
+    create["responses"]["200"]["content"]["text/event-stream"] = {"schema": {"type": "object"}}
+    return {
+        "/v1/responses": {"post": create},
+        "/v1/responses/{response_id}": {
+            "get": returning("A stored response", ResponseObject, parameters=by_id),
+            "delete": returning("Delete a stored response", DeletedResponse, parameters=by_id),
+        },
     }
 
 

@@ -10,6 +10,7 @@
     arbor:workers               set      worker ids that have ever beaten (cleaned by reclaimers)
     arbor:deadletter            stream   jobs given up after too many deliveries
     arbor:restarts              hash     process name (`worker-1`, `gateway`) -> restarts by `arbor up`
+    arbor:response:{response_id} string  a stored /v1/responses response and its input, JSON, with a TTL
 
 What goes into each value is defined in `shared.protocol` and `shared.heartbeat`.
 """
@@ -53,6 +54,11 @@ def enqueued_marker(request_id: str) -> str:
 def cancel_key(request_id: str) -> str:
     """Exists (with a TTL) once the request is cancelled; workers check it before each step."""
     return f"{PREFIX}cancel:{request_id}"
+
+
+def stored_response(response_id: str) -> str:
+    """A stored Responses-API response (`gateway.responses_api.store`), for GET and previous_response_id."""
+    return f"{PREFIX}response:{response_id}"
 
 
 def worker_heartbeat(worker_id: str) -> str:

@@ -61,6 +61,8 @@ class GatewaySettings(BaseSettings):
     max_prompts: int = Field(64, ge=1)  # ARBOR_MAX_PROMPTS: prompts in one /v1/completions request
     redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
     event_poll_s: float = Field(1.0, gt=0)  # ARBOR_EVENT_POLL_S: silence before re-reading the log
+    # ARBOR_RESPONSES_TTL_S: how long /v1/responses keeps a stored response (store: true) in Redis
+    responses_ttl_s: int = Field(3600, ge=1)
     log_level: str = "info"  # ARBOR_LOG_LEVEL
 
     @field_validator("api_keys", mode="before")

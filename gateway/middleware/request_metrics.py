@@ -6,9 +6,10 @@ from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KNOWN_ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json", "/v1/responses"}
 )
 MODEL_ROUTE = "/v1/models/{model}"
+RESPONSE_ROUTE = "/v1/responses/{response_id}"
 
 
 class RequestMetricsMiddleware:
@@ -40,4 +41,6 @@ def _route(path: str) -> str:
     "other", so that clients cannot mint labels."""
     if path in KNOWN_ROUTES:
         return path
+    if path.startswith("/v1/responses/"):
+        return RESPONSE_ROUTE
     return MODEL_ROUTE if path.startswith("/v1/models/") else "other"

@@ -45,7 +45,7 @@ def _fuzz(operation) -> None:
 def _cap_generation(body: object) -> None:
     if not isinstance(body, dict):
         return
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(field), int) and body[field] > MAX_FUZZ_TOKENS:
             body[field] = MAX_FUZZ_TOKENS
     if isinstance(body.get("n"), int) and body["n"] > 2:

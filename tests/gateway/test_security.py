@@ -36,9 +36,21 @@ EXAMPLES: dict[tuple[str, str], dict | None] = {
     ("HEAD", "/v1/models"): None,
     ("GET", "/v1/models/{model:path}"): None,
     ("HEAD", "/v1/models/{model:path}"): None,
+    ("POST", "/v1/responses"): {"model": MODEL, "input": "hi", "max_output_tokens": 4},
+    ("GET", "/v1/responses/{response_id}"): None,
+    ("HEAD", "/v1/responses/{response_id}"): None,
+    ("DELETE", "/v1/responses/{response_id}"): None,
 }
-URLS = {"/v1/models/{model:path}": f"/v1/models/{MODEL}"}  # a route's path with its parameters filled in
-GENERATION_ROUTES = [route for route, body in EXAMPLES.items() if body is not None and "max_tokens" in body]
+URLS = {  # a route's path with its parameters filled in
+    "/v1/models/{model:path}": f"/v1/models/{MODEL}",
+    "/v1/responses/{response_id}": "/v1/responses/resp-none",
+}
+# What an authorized request gets where it is not 200: a stored response that does not exist.
+AUTHORIZED_STATUS = {route: 404 for route in EXAMPLES if route[1] == "/v1/responses/{response_id}"}
+MAX_TOKENS_FIELDS = ("max_tokens", "max_output_tokens")
+GENERATION_ROUTES = [
+    route for route, body in EXAMPLES.items() if body is not None and set(MAX_TOKENS_FIELDS) & set(body)
+]
 JOB_ROUTES = [route for route, body in EXAMPLES.items() if body is not None]  # each request is one job
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 413: "request_too_large"}
 BAD_HEADERS = [
@@ -113,7 +125,7 @@ def test_every_v1_route_serves_a_configured_key(make_gateway, peer: ProtocolPeer
     for key in KEYS.split(","):
         for route in EXAMPLES:
             response = _send(gateway, route, f"Bearer {key}")
-            assert response.status_code == 200, (route, response.text)
+            assert response.status_code == AUTHORIZED_STATUS.get(route, 200), (route, response.text)
     assert len(peer.jobs) == 2 * len(JOB_ROUTES)
 
 
@@ -144,11 +156,12 @@ def _chunks(body: dict) -> Iterator[bytes]:
 def test_max_tokens_over_the_cap_is_400(make_gateway, peer: ProtocolPeer, route: tuple[str, str]) -> None:
     gateway = make_gateway(api_keys=KEYS, max_tokens_cap=MAX_TOKENS_CAP, default_max_tokens=MAX_TOKENS_CAP)
 
-    over = _send(gateway, route, f"Bearer {API_KEY}", max_tokens=MAX_TOKENS_CAP + 1)
-    at_cap = _send(gateway, route, f"Bearer {API_KEY}", max_tokens=MAX_TOKENS_CAP)
+    [field] = set(MAX_TOKENS_FIELDS) & set(EXAMPLES[route] or {})
+    over = _send(gateway, route, f"Bearer {API_KEY}", **{field: MAX_TOKENS_CAP + 1})
+    at_cap = _send(gateway, route, f"Bearer {API_KEY}", **{field: MAX_TOKENS_CAP})
 
     error = _assert_envelope(over, 400, "invalid_request")
-    assert error["param"] == "max_tokens" and str(MAX_TOKENS_CAP) in error["message"], error
+    assert error["param"] == field and str(MAX_TOKENS_CAP) in error["message"], error
     assert at_cap.status_code == 200, at_cap.text
     assert [job.request()["max_tokens"] for job in peer.jobs] == [MAX_TOKENS_CAP]
 
