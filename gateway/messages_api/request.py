@@ -169,6 +169,7 @@ class MessagesRequest(BaseModel):
     thinking: ThinkingConfig | None = None
     metadata: dict[str, Any] | None = None  # user_id: a tag; used by nothing
     seed: int | None = None  # Arbor's, as on the chat route: reproducible sampling (not Anthropic's)
+    ignore_eos: bool = False  # Arbor's (vLLM's), as on the chat route: run to max_tokens (benchmarks)
 
 
 class CountTokensRequest(BaseModel):

@@ -281,6 +281,7 @@ class ResponsesRequest(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     seed: int | None = None  # Arbor's (as on chat): a seeded sample is reproducible
+    ignore_eos: bool = False  # Arbor's (vLLM's), as on chat: run to max_output_tokens (benchmarks)
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     store: bool = True

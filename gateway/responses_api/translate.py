@@ -81,6 +81,7 @@ def translate(req: ResponsesRequest, previous_items: list[dict[str, Any]], limit
         "temperature": req.temperature,
         "top_p": req.top_p,
         "seed": req.seed,
+        "ignore_eos": req.ignore_eos or None,
         "user": req.user,
         "parallel_tool_calls": req.parallel_tool_calls,
         "tool_choice": tool_choice,

@@ -120,6 +120,12 @@ def _add_serving_parser(commands) -> None:
     )
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp, dflash or tree")
     parser.add_argument(
+        "--api",
+        default="chat",
+        help="APIs to send the load through, comma-separated (chat, messages, responses): with more than "
+        "chat, every level also runs through each, taking turns, compared with chat (default chat)",
+    )
+    parser.add_argument(
         "--compare-requests",
         type=int,
         default=6,

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ops.bench.api_shapes import PATHS, read_event, request_body
 from ops.bench.results import percentile, ratio
 
 ERRORS_KEPT = 5  # error messages kept per level in the report
@@ -57,15 +58,7 @@ class RequestRecord:
 
 def chat_body(model: str, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool = True) -> dict:
     """`ignore_eos` is no OpenAI field, but Arbor, vLLM and llama-server take it: every request runs to max_tokens."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    return {**body, "ignore_eos": True} if ignore_eos else body
+    return request_body("chat", model, prompt, max_tokens, temperature, ignore_eos)
 
 
 class HttpError(Exception):
@@ -166,27 +159,28 @@ async def _read_head(reader: asyncio.StreamReader) -> StreamedResponse:
     return StreamedResponse(int(parts[1]), reader, chunked, length)
 
 
-async def stream_chat(client: SseClient, body: dict) -> RequestRecord:
+async def stream_chat(client: SseClient, body: dict, api: str = "chat") -> RequestRecord:
+    """One streamed request in `api`'s shape (api_shapes.py), timed."""
     record = RequestRecord()
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(client.timeout_s), client.post("/v1/chat/completions", body) as response:
+        async with asyncio.timeout(client.timeout_s), client.post(PATHS[api], body) as response:
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {(await response.read()).decode()[:200]}"
                 return record
-            async for chunk in _sse_chunks(response.body()):
-                if chunk is DONE:
-                    record.e2e_s = time.perf_counter() - started
-                    continue
-                if "error" in chunk:
-                    record.error = f"stream error: {chunk['error'].get('message', chunk['error'])}"
+            async for data in _sse_chunks(response.body()):
+                event = read_event(api, None if data is DONE else data)
+                if event.error is not None:
+                    record.error = f"stream error: {event.error}"
                     return record
-                if chunk.get("usage"):
-                    record.completion_tokens = chunk["usage"]["completion_tokens"]
-                if _has_text(chunk):
+                if event.completion_tokens is not None:
+                    record.completion_tokens = event.completion_tokens
+                if event.has_text:
                     record.text_arrived(started)
+                if event.done:
+                    record.e2e_s = time.perf_counter() - started
         record.ok = record.completion_tokens > 0 and record.e2e_s > 0
-        record.error = None if record.ok else "the stream ended without a usage chunk and [DONE]"
+        record.error = None if record.ok else "the stream ended without its usage and its end"
     except (OSError, EOFError, TimeoutError, HttpError, ValueError) as error:  # JSON errors are ValueErrors
         record.error = f"{type(error).__name__}: {error}"
     finally:
@@ -198,27 +192,21 @@ DONE: dict[str, Any] = {}  # stands for `data: [DONE]`
 
 
 async def _sse_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[dict]:
-    """Each `data: {json}` event, parsed, and DONE for `data: [DONE]`; the space after `data:` and
-    CRLF line ends are optional in SSE (other servers than Arbor's gateway use them)."""
+    """Each event's `data: {json}`, parsed, and DONE for `data: [DONE]`; an `event:` line may come
+    first (Anthropic's), and the space after `data:` and CRLF line ends are optional in SSE."""
     buffer = b""
     async for data in body:
         buffer = (buffer + data).replace(b"\r\n", b"\n")  # a CR may end one read, its LF start the next
         *events, buffer = buffer.split(b"\n\n")
         for event in events:
-            if not event.startswith(b"data:"):
-                continue  # a comment or another field
-            data_line = event[len(b"data:") :].lstrip(b" ")
-            if data_line.startswith(b"{"):
-                yield json.loads(data_line)
-            elif data_line == b"[DONE]":
-                yield DONE
-
-
-def _has_text(chunk: dict) -> bool:
-    return any(
-        choice.get("delta", {}).get("content") or choice.get("delta", {}).get("reasoning_content")
-        for choice in chunk.get("choices") or []
-    )
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue  # a comment or another field
+                data_line = line[len(b"data:") :].lstrip(b" ")
+                if data_line.startswith(b"{"):
+                    yield json.loads(data_line)
+                elif data_line == b"[DONE]":
+                    yield DONE
 
 
 async def run_level(
@@ -228,6 +216,7 @@ async def run_level(
     timeout_s: float,
     request_timeout_s: float,
     on_done: Callable[[RequestRecord], None] = lambda _: None,
+    api: str = "chat",
 ) -> dict:
     """Send every body, `concurrency` at a time (closed loop); the level stops after `timeout_s`."""
     records: list[RequestRecord] = []
@@ -236,7 +225,7 @@ async def run_level(
 
     async def client_loop() -> None:
         for body in pending:  # a shared iterator: each body goes to exactly one client
-            records.append(await stream_chat(client, body))
+            records.append(await stream_chat(client, body, api))
             on_done(records[-1])
 
     started = time.perf_counter()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ops.bench.api_compare import compare_apis, parse_apis
 from ops.bench.client import RequestRecord, SseClient, chat_body, latency_ms, run_level, stream_chat
 from ops.bench.external_server import normalized_base_url, served_model
 from ops.bench.machine_load import OtherLoad
@@ -69,6 +70,7 @@ class ServingConfig:
     out: str | None
     base_url: str | None = None  # a server already running: no stack, only the sweep
     ignore_eos: bool = True
+    apis: tuple[str, ...] = ("chat",)  # more than chat: the same levels through each API (api_compare.py)
 
     def num_requests(self, concurrency: int) -> int:
         if self.requests_per_level:
@@ -86,6 +88,7 @@ class Measured:
     modes: list[dict]
     comparison: dict | None = None
     scaling: list[dict] | None = None
+    apis: dict | None = None  # api -> levels, where --api named more than chat
 
 
 def run_serving_command(args: argparse.Namespace) -> int:
@@ -126,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
         args.out,
         normalized_base_url(args.base_url) if args.base_url else None,
         args.ignore_eos or not args.base_url,  # the stack's workers always run to max_tokens
+        tuple(parse_apis(args.api)),
     )
 
 
@@ -148,7 +152,9 @@ def _run_against(config: ServingConfig, model_name: str, bar: tqdm) -> Measured:
     bar.set_postfix_str(f"warming up {config.base_url}")
     _warm_up(config.base_url, model_name, 2, config)
     sweep = [_level(config.base_url, model_name, config, concurrency, bar) for concurrency in config.concurrency]
-    return Measured(model_name, [{"mode": None, "sweep": sweep}])
+    return Measured(
+        model_name, [{"mode": None, "sweep": sweep}], apis=_api_levels(config.base_url, model_name, config, bar)
+    )
 
 
 def _run_stack(config: ServingConfig, folder: Path, bar: tqdm) -> Measured:
@@ -173,6 +179,7 @@ def _run_stack(config: ServingConfig, folder: Path, bar: tqdm) -> Measured:
             measured = Measured(stack.model_name, [])
             measured.comparison = compare_in_process(stack, config, bar) if config.compare_requests else None
             measured.modes = _interleaved_sweeps(stack, config, bar)
+            measured.apis = _api_levels(stack.base_url, stack.model_name, config, bar)
             if len(config.worker_counts) > 1 and stack.speculation != first_mode:
                 _switch_mode(stack, config, first_mode, bar)
             measured.scaling = run_scaling(stack, config, _top_level(measured.modes[0]["sweep"]), bar)
@@ -194,6 +201,24 @@ def _interleaved_sweeps(stack: Stack, config: ServingConfig, bar: tqdm) -> list[
     return [{"mode": mode, "sweep": sweeps[mode]} for mode in modes]
 
 
+def _api_levels(base_url: str, model_name: str, config: ServingConfig, bar: tqdm) -> dict | None:
+    if len(config.apis) < 2:
+        return None
+    bar.set_postfix_str(f"apis {', '.join(config.apis)}")
+    return compare_apis(
+        base_url,
+        model_name,
+        list(config.apis),
+        config.concurrency,
+        config.num_requests,
+        config.max_tokens,
+        config.temperature,
+        config.ignore_eos,
+        config.level_timeout_s,
+        lambda _: bar.update(),
+    )
+
+
 def _switch_mode(stack: Stack, config: ServingConfig, mode: str, bar: tqdm) -> None:
     bar.set_postfix_str(f"restarting the workers in {mode}")
     stack.restart_workers(mode)
@@ -207,9 +232,12 @@ def _top_level(sweep: list[dict]) -> dict:
 def _total_requests(config: ServingConfig) -> int:
     top = max(config.concurrency)
     scaling_runs = len(config.worker_counts) if len(config.worker_counts) > 1 and not config.base_url else 0
+    per_sweep = sum(config.num_requests(c) for c in config.concurrency)
+    api_runs = len(config.apis) if len(config.apis) > 1 else 0
     return (
         2 * config.compare_requests
-        + max(1, len(config.speculation)) * sum(config.num_requests(c) for c in config.concurrency)
+        + max(1, len(config.speculation)) * per_sweep
+        + api_runs * per_sweep
         + scaling_runs * config.num_requests(top)
     )
 
@@ -417,6 +445,7 @@ def _path_summary(records: list[RequestRecord]) -> dict:
 def build_report(config: ServingConfig, machine: dict, measured: Measured) -> dict:
     scaling, comparison = measured.scaling or [], measured.comparison
     levels = [level for run in measured.modes for level in run["sweep"]] + scaling[1:]
+    levels += [level for api_levels in (measured.apis or {}).values() for level in api_levels]
     errors = sum(level["errors"] for level in levels)
     errors += (comparison["gateway"]["errors"] + comparison["in_process"]["errors"]) if comparison else 0
     return {
@@ -429,6 +458,7 @@ def build_report(config: ServingConfig, machine: dict, measured: Measured) -> di
         "comparison": comparison,
         "scaling": scaling,
         "scaling_speedup": scaling_speedup(scaling),
+        "apis": measured.apis,
         "total_errors": errors,
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ops.bench.api_compare import apis_markdown
 from ops.bench.results import SIDE_BY_SIDE_NOTE, fmt, markdown_table
 
 
@@ -13,6 +14,7 @@ def serving_markdown(report: dict) -> str:
         lines += [f"## {_sweep_title(run['mode'], settings)}", "", _level_table(run["sweep"]), ""]
         lines += _goals(run["goals"])
     lines += _scaling(report["scaling"], report["scaling_speedup"])
+    lines += apis_markdown(report.get("apis") or {})
     lines += [
         "TTFT: request sent -> first text chunk. ITL: gaps between text chunks. TPOT: (end - first text) / "
         "(tokens - 1). Latencies in ms, rates over each level's wall time.",

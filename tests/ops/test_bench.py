@@ -219,6 +219,27 @@ def test_bench_serving_small_run_has_no_errors_and_reports_percentiles_per_mode(
     assert "| 2 | 2 | 0 |" in (tmp_path / "serving.md").read_text()
 
 
+def test_bench_serving_sends_the_same_load_through_each_api_and_reads_every_stream(tiny_model, tmp_path):
+    argv = ["bench", "serving", "--model", str(tiny_model), "--workers", "1", "--concurrency", "1,2"]
+    argv += ["--requests-per-level", "2", "--max-tokens", "6", "--compare-requests", "0", "--worker-threads", "1"]
+    argv += ["--api", "chat,messages,responses", "--ready-timeout", "120", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "serving.json").read_text())
+    assert report["total_errors"] == 0
+    assert set(report["apis"]) == {"chat", "messages", "responses"}
+    for api, levels in report["apis"].items():
+        assert [level["concurrency"] for level in levels] == [1, 2], api
+        for level in levels:  # every stream read to its end, its usage and its text seen
+            assert level["ok"] == 2 and level["output_tokens_per_s"] > 0, (api, level)
+            assert level["ttft_ms"]["p50"] is not None, api
+    assert "| messages | 2 | 0 |" in (tmp_path / "serving.md").read_text()
+
+
+def test_bench_serving_refuses_an_unknown_api_in_one_line(tiny_model, tmp_path, capsys):
+    assert main(["bench", "serving", "--model", str(tiny_model), "--api", "chat,grpc", "--out", str(tmp_path)]) == 2
+    assert "--api='chat,grpc'" in capsys.readouterr().err
+
+
 def test_bench_owner_runs_both_loops_through_a_real_redis(tiny_model, tmp_path, capsys):
     report = bench_report(
         ["bench", "owner", "--model", str(tiny_model), "--requests", "3", "--max-tokens", "8", "--threads", "1"],
@@ -319,3 +340,13 @@ def test_bench_pool_pools_the_pairs_of_several_runs_and_names_a_report_without_t
     (tmp_path / "old.json").write_text(json.dumps({"comparison": {"paired_ratio": {}}}))
     assert main(["bench", "pool", str(tmp_path / "old.json")]) == 2
     assert "no gateway/in-process pairs" in capsys.readouterr().err
+
+
+def test_bench_numerics_compares_formats_with_float32_by_agreement_and_kl(tiny_model, tmp_path, capsys):
+    argv = ["bench", "numerics", "--model", str(tiny_model), "--formats", "float32,int4"]
+    assert main([*argv, "--prompts", "2", "--max-tokens", "6", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "numerics.json").read_text())
+    same, int4 = report["formats"]["float32"], report["formats"]["int4"]
+    assert same["identical_prompts"] == 2 and same["kl_mean"] == 0.0  # float32 against itself
+    assert int4["num_prompts"] == 2 and int4["kl_mean"] > 0 and int4["kl_p99"] >= 0
+    assert "| int4 |" in capsys.readouterr().out
