@@ -27,6 +27,11 @@ from worker.kernels.native_lib import NativeKernels
 from worker.kernels.native_linear import NativeQuantizedLinear
 
 _P = ctypes.c_void_p
+# Rows a forward needs before its phases are split over threads: a few-row step's phases last a few
+# microseconds, and on a shared 2-vCPU machine a partner thread that lost its core made the spin
+# barriers cost more than the split saved (one stream through the stack: 66 tokens/s on 2 threads
+# against 82 on 1, with other jobs running). The numbers do not depend on the count either way.
+MIN_ROWS_TO_SPLIT = 8
 
 
 class _Layer(ctypes.Structure):
@@ -206,7 +211,7 @@ class FusedLayers:
             ctypes.addressof(outs),
             tables.max_keys,
             int(self.two_term),
-            self.threads,
+            self.threads if x.shape[0] >= MIN_ROWS_TO_SPLIT else 1,
         )
         if status != 0:
             raise MemoryError(f"native layers: scratch for {x.shape[0]} rows could not be allocated")
