@@ -31,6 +31,7 @@ from ops.stack_file import StackInfo, runtime_dir, write_stack
 from ops.supervisor import GiveUp, Supervisor
 from shared import keys
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
+from shared.tool_call_grammar import TOOL_FORMATS
 
 READY_TIMEOUT_S = 600.0
 POLL_INTERVAL_S = 0.2
@@ -45,6 +46,12 @@ def add_up_parser(subparsers: Any) -> None:
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--speculation", default=None, help="none|mtp|dflash|tree|ngram (default: SPECULATION or mtp)")
     parser.add_argument("--draft", default=None)
+    parser.add_argument(
+        "--tool-parser",
+        default=None,
+        choices=TOOL_FORMATS,
+        help="tool-call format (ARBOR_TOOL_PARSER; default: from the chat template)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S)
     parser.set_defaults(handler=run_up)
 
@@ -149,13 +156,17 @@ def _check_settings(args: argparse.Namespace) -> None:
 def _worker_args(args: argparse.Namespace) -> list[str]:
     argv = ["worker"]
     for flag, value in _worker_flags(args).items():
-        argv += [f"--{flag}", str(value)]
+        argv += [f"--{flag.replace('_', '-')}", str(value)]
     return argv
 
 
 def _worker_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags `arbor up` passes on to each worker, where given."""
-    return {flag: getattr(args, flag) for flag in ("model", "speculation", "draft") if getattr(args, flag) is not None}
+    return {
+        flag: getattr(args, flag)
+        for flag in ("model", "speculation", "draft", "tool_parser")
+        if getattr(args, flag) is not None
+    }
 
 
 def _command(argv: list[str]) -> list[str]:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
-TOOL_FORMATS = ("hermes", "qwen3_xml", "llama3_json", "mistral")
+ToolFormat = Literal["hermes", "qwen3_xml", "llama3_json", "mistral"]
+TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
 _STRING_VALUE = r"([^<]|<[^/])*"  # a bare text value: anything up to the closing tag's "</"
 
 
@@ -35,7 +36,7 @@ def tool_call_lark(spec: dict[str, Any], tool_format: str, json_options: dict[st
 
 def _hermes(functions: list[dict[str, Any]], parallel: bool, options: dict[str, Any]) -> str:
     schema = _json_call(functions, "arguments", options)
-    call = f'{json.dumps("<tool_call>" + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + "</tool_call>")}'
+    call = f"{json.dumps('<tool_call>' + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + '</tool_call>')}"
     return _start(parallel, '"\\n"') + f"call: {call}\n"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,7 +49,9 @@ class CallFormat(Protocol):
 
 
 class DelimitedCallParser:
-    def __init__(self, call_format: CallFormat, max_calls: int | None = None, new_call_id=new_tool_call_id):
+    def __init__(
+        self, call_format: CallFormat, max_calls: int | None = None, new_call_id: Callable[[], str] = new_tool_call_id
+    ):
         self._format = call_format
         self._max_calls = max_calls
         self._new_call_id = new_call_id

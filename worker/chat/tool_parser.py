@@ -58,13 +58,14 @@ TOOL_PARSERS: dict[str, ToolParserFactory] = {
 assert tuple(TOOL_PARSERS) == TOOL_FORMATS, "the grammar side builds forced calls for exactly these formats"
 
 # What a template writes into the prompt when it asks for each format, most specific first: a
-# Qwen3.5 template mentions both "<tool_call>" and "<function=", so the XML marks come before Hermes'.
+# Qwen3.5 template mentions both "<tool_call>" and "<function=", so the XML marks come before Hermes';
+# a Hermes template names "parameters" (the tools' schemas), so Hermes comes before that Llama mark.
 _TEMPLATE_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3_xml", ("<function=", "<parameter=")),
     ("mistral", ("[TOOL_CALLS]",)),
     ("llama3_json", ("<|python_tag|>",)),
-    ("llama3_json", ('"parameters"', "<|eom_id|>")),
     ("hermes", ("<tool_call>",)),
+    ("llama3_json", ('"parameters": dictionary',)),  # Llama 3.2's JSON instruction, without the tag
 )
 
 
