@@ -26,7 +26,7 @@ from typing import Any, Literal, get_args
 
 ToolFormat = Literal["hermes", "qwen3_xml", "llama3_json", "mistral"]
 TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
-_STRING_VALUE = r"([^<]|<[^/])*"  # a bare text value: anything up to the closing tag's "</"
+_TEXT_CHAR = r"([^<]|<[^/])"  # a bare text value's: anything up to the closing tag's "</"
 
 
 def tool_call_lark(spec: dict[str, Any], tool_format: str, json_options: dict[str, Any]) -> str:
@@ -84,9 +84,15 @@ def _qwen3_parameter(name: str, schema: Any, options: dict[str, Any]) -> str:
     elif isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"]:
         value = "(" + " | ".join(json.dumps(str(choice)) for choice in schema["enum"]) + ")"
     else:  # a string, or a type the format cannot tell: bare text, one lexeme with its tags
-        pattern = _regex_literal(opening) + _STRING_VALUE + _regex_literal(closing)
+        pattern = _regex_literal(opening) + _string_value(schema) + _regex_literal(closing)
         return "/" + pattern.replace("/", "\\/") + "/"
     return f"{json.dumps(opening)} {value} {json.dumps(closing)}"
+
+
+def _string_value(schema: Any) -> str:
+    """Bare text, as long as the schema's maxLength allows (a "<" and the next character count as one)."""
+    max_length = schema.get("maxLength") if isinstance(schema, dict) else None
+    return _TEXT_CHAR + (f"{{0,{max_length}}}" if isinstance(max_length, int) else "*")
 
 
 def _regex_literal(text: str) -> str:
