@@ -54,8 +54,9 @@ class StructuredOutput:
     kind: Kind
     spec: str  # the schema's JSON, the regex, the choices' JSON list, the grammar; "" for json_object
     field: str  # the request field it came from, for error messages
-    # Set by the worker from its settings and its model: the gateway checks the defaults, which
-    # compile exactly when the worker's choice does (the same schemas, other punctuation).
+    # Set by the worker from its settings and its model. The gateway checks the defaults: the same
+    # schemas in other punctuation, so a constraint that passes there compiles on the worker too
+    # (where one did not, the job would fail with an error naming the field, never a 500).
     tool_format: str = "hermes"  # a forced call's format (shared/tool_call_grammar.py)
     whitespace: JsonWhitespace = "compact"
 
