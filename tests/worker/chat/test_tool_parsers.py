@@ -206,3 +206,16 @@ def test_ids_differ_between_calls():
     _, _, finished = run("mistral", [MISTRAL_BOTH])
     assert len({call["id"] for call in finished}) == 2
     assert list(itertools.chain.from_iterable(c["id"].split("_")[:1] for c in finished)) == ["call", "call"]
+
+
+def test_the_choice_is_logged_and_an_override_wins(caplog):
+    from worker.serving_model import _tool_parser
+
+    xml = (TEMPLATES / "qwen3_5_xml.jinja").read_text()
+    with caplog.at_level("INFO", logger="worker.serving_model"):
+        assert _tool_parser(None, xml) == "qwen3_xml"
+        assert _tool_parser("hermes", xml) == "hermes"
+    assert "tool-call format: qwen3_xml (the chat template writes <function= and <parameter=)" in caplog.text
+    assert "tool-call format: hermes (set by ARBOR_TOOL_PARSER / --tool-parser)" in caplog.text
+    with pytest.raises(ValueError, match="tool_parser: 'xml' is not one of hermes, qwen3_xml"):
+        _tool_parser("xml", xml)
