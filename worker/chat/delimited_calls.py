@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from worker.chat.tool_calls import ToolCallDelta, new_tool_call_id
 
+_JSON_TOKENS = re.compile(r'(?P<string>"[^"\\]*(?:\\.[^"\\]*)*(?P<closed>")?)|[{}\[\]]', re.DOTALL)
 _SEPARATORS = " \t\r\n;"  # between two brace-opened calls (Llama writes "; " or a line break)
 
 
@@ -137,20 +139,18 @@ class DelimitedCallParser:
 
 def json_value_end(text: str, start: int) -> int | None:
     """Where the object or array opening at `start` ends (the index after it), bracket-matched
-    outside strings; None while it is still open. Validity is json.loads' to decide."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+    outside strings; None while it is still open. Validity is json.loads' to decide. The body is
+    scanned again as it grows, so strings are skipped by the regex engine, not character by
+    character: a long argument (a file's text) costs C-speed passes."""
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text, start):
+        if token["string"] is not None:
+            if token["closed"] is None:
+                return None  # a string still open
+            continue
+        depth += 1 if token[0] in "{[" else -1
+        if depth == 0:
+            return token.end()
     return None
 
 
