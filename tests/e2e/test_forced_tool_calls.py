@@ -103,3 +103,17 @@ def test_a_streamed_forced_call_rebuilds_in_the_sdk_as_the_non_streamed_one(gate
     assert streamed.function.name == whole[0].function.name
     assert streamed.function.arguments == whole[0].function.arguments
     assert typed_arguments(streamed.function.arguments) == json.loads(whole[0].function.arguments)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_short_is_length_never_tool_calls_without_a_call(gateway: GatewayServer, stream) -> None:
+    client = gateway.openai()
+    body = REQUEST | {"max_tokens": 8}
+    if stream:
+        choices = [c for chunk in client.chat.completions.create(**body, stream=True) for c in chunk.choices]
+        assert not any(choice.delta.tool_calls for choice in choices)
+        assert [choice.finish_reason for choice in choices if choice.finish_reason] == ["length"]
+        return
+    choice = client.chat.completions.create(**body).choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.tool_calls

@@ -104,6 +104,17 @@ def test_a_forced_call_is_written_in_the_format_and_parses_as_that_call(tool_for
     assert calls == [("trip", {"city": "Lisbon", "days": 2})]
 
 
+@pytest.mark.parametrize("tool_format", TOOL_FORMATS)
+def test_flexible_whitespace_reaches_the_json_inside_forced_calls(tool_format):
+    forced = tool_call_output([{"name": "trip", "parameters": TRIP}], False, "tool_choice")
+    compact = replace(forced, tool_format=tool_format)
+    flexible = replace(compact, whitespace="flexible")
+    text = FORCED_CALLS[tool_format]
+    spaced = text.replace('"city":', '"city":  ') if tool_format != "qwen3_xml" else text
+    assert accepts(flexible, spaced)
+    assert accepts(compact, spaced) is (spaced == text)
+
+
 def test_qwen3_xml_forced_call_leaves_out_optional_parameters_and_types_the_rest():
     schema = {
         "type": "object",

@@ -219,3 +219,15 @@ def test_the_choice_is_logged_and_an_override_wins(caplog):
     assert "tool-call format: hermes (set by ARBOR_TOOL_PARSER / --tool-parser)" in caplog.text
     with pytest.raises(ValueError, match="tool_parser: 'xml' is not one of hermes, qwen3_xml"):
         _tool_parser("xml", xml)
+
+
+@pytest.mark.parametrize(("tool_format", "text"), MALFORMED)
+def test_a_lane_with_a_malformed_call_made_no_call_and_keeps_the_text(tool_format, text):
+    from worker.serving.lane_output import LaneOutput, OutputOptions
+
+    options = OutputOptions(parse_tool_calls=True, tool_parser=tool_format, tool_schemas=SCHEMAS)
+    output = LaneOutput(tokenizer(), options, [])
+    ids = tokenizer().encode(text).ids
+    deltas = [output.add(ids[i : i + 2]) for i in range(0, len(ids), 2)] + [output.finish()]
+    assert "".join(d.text for d in deltas) == text
+    assert not output.made_tool_calls and not any(d.tool_calls for d in deltas)
