@@ -426,7 +426,11 @@ class Owner:
         job.shown = job.shown or not delta.empty
         # A step that emitted several tokens of one call says so in one entry per call index (the
         # openai SDK and agent frameworks merge deltas by index and break on repeats in a chunk).
-        tool_calls = merge_tool_calls([], [ToolCallDelta.model_validate(call) for call in delta.tool_calls])
+        tool_calls = (
+            merge_tool_calls([], [ToolCallDelta.model_validate(call) for call in delta.tool_calls])
+            if delta.tool_calls
+            else []
+        )
         self._publish(
             job,
             StepDelta(
