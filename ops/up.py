@@ -31,6 +31,7 @@ from ops.stack_file import StackInfo, runtime_dir, write_stack
 from ops.supervisor import GiveUp, Supervisor
 from shared import keys
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
+from shared.tool_call_grammar import TOOL_FORMATS
 
 READY_TIMEOUT_S = 600.0
 POLL_INTERVAL_S = 0.2
@@ -47,6 +48,12 @@ def add_up_parser(subparsers: Any) -> None:
     parser.add_argument("--draft", default=None)
     parser.add_argument(
         "--served-model-name", default=None, help="name,alias,... clients may send as model (ARBOR_SERVED_MODEL_NAME)"
+    )
+    parser.add_argument(
+        "--tool-parser",
+        default=None,
+        choices=TOOL_FORMATS,
+        help="tool-call format (ARBOR_TOOL_PARSER; default: from the chat template)",
     )
     parser.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S)
     parser.set_defaults(handler=run_up)
@@ -158,7 +165,7 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 
 def _worker_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags `arbor up` passes on to each worker, where given."""
-    flags = ("model", "speculation", "draft", "served_model_name")
+    flags = ("model", "speculation", "draft", "served_model_name", "tool_parser")
     return {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
 
 

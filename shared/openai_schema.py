@@ -315,7 +315,8 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def forced_tool_call(self) -> StructuredOutput | None:
         """tool_choice 'required' or a named function: the answer is a call (or, with parallel
-        calls, calls), in the Hermes format, its arguments by the function's schema."""
+        calls, calls), in the worker's tool-call format (the worker sets it), its arguments by
+        the function's schema."""
         choice = self.tool_choice
         if choice is None or choice in ("auto", "none"):
             return None

@@ -16,6 +16,9 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.structured_output import JsonWhitespace
+from shared.tool_call_grammar import ToolFormat
+
 Quantize = Literal["auto", "none", "int8", "int4"]
 Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -141,6 +144,12 @@ class WorkerSettings(BaseSettings):
     metrics_host: str = "127.0.0.1"  # ARBOR_METRICS_HOST: 0.0.0.0 in containers, so Prometheus can scrape
     cache_dir: Path = Path.home() / ".cache" / "arbor"  # ARBOR_CACHE_DIR: converted GGUF weights
     log_level: str = "info"  # ARBOR_LOG_LEVEL
+    # ARBOR_TOOL_PARSER: the tool-call format answers are read (and forced calls written) in;
+    # unset: the one the model's chat template asks for (docs/API.md, "Tool-call formats")
+    tool_parser: ToolFormat | None = None
+    # ARBOR_JSON_WHITESPACE: JSON in forced calls and json_schema/json_object answers. compact: no
+    # whitespace between tokens; flexible: up to 16 whitespace characters wherever JSON allows them
+    json_whitespace: JsonWhitespace = "compact"
 
     @model_validator(mode="after")
     def _ttl_outlives_interval(self) -> WorkerSettings:

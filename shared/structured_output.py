@@ -13,8 +13,11 @@ checks grammars without torch), and its masks cost ~15-25 us a token on the defa
 49k vocabulary on this project's CPU (xgrammar's ~2 us, but it brings triton and transformers
 into the worker; either is far below a ~50 ms step). docs/API.md lists what each field takes.
 
-JSON text is allowed whitespace between tokens, at most `MAX_WHITESPACE` characters at a time, so
-a model cannot spend its whole budget on newlines inside an object.
+Whitespace in JSON is bounded: by default none between tokens, with compact separators ("," and
+":"), so a small model cannot spend its budget on runs of newlines between keys (vLLM's
+`disable-any-whitespace`). The flexible form (ARBOR_JSON_WHITESPACE=flexible) allows up to
+`MAX_WHITESPACE` characters at each place JSON allows whitespace; the number of such places is
+not bounded, which is why it is not the default.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from shared.tool_call_grammar import tool_call_lark
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 Kind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "tool_call"]
 
+JsonWhitespace = Literal["compact", "flexible"]
 MAX_WHITESPACE = 16
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{MAX_WHITESPACE}}}"}
-TOOL_CALL_START = "<tool_call>"  # the Hermes/Qwen format worker/chat/tool_calls.py parses
-TOOL_CALL_END = "</tool_call>"
+COMPACT_JSON: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+FLEXIBLE_JSON: JsonCompileOptions = {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{MAX_WHITESPACE}}}"}
+JSON_OPTIONS: dict[JsonWhitespace, JsonCompileOptions] = {"compact": COMPACT_JSON, "flexible": FLEXIBLE_JSON}
 
 
 class StructuredOutputError(ValueError):
@@ -48,17 +54,24 @@ class StructuredOutput:
     kind: Kind
     spec: str  # the schema's JSON, the regex, the choices' JSON list, the grammar; "" for json_object
     field: str  # the request field it came from, for error messages
+    # Set by the worker from its settings and its model. The gateway checks the defaults: the same
+    # schemas in other punctuation, so a constraint that passes there compiles on the worker too
+    # (where one did not, the job would fail with an error naming the field, never a 500).
+    tool_format: str = "hermes"  # a forced call's format (shared/tool_call_grammar.py)
+    whitespace: JsonWhitespace = "compact"
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form), uncompiled; `check` says whether it compiles."""
         import llguidance
 
+        options = JSON_OPTIONS[self.whitespace]
         if self.kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=options)
         if self.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=options)
         if self.kind == "tool_call":
-            return llguidance.LLMatcher.grammar_from_lark(_tool_call_lark(json.loads(self.spec)))
+            lark = tool_call_lark(json.loads(self.spec), self.tool_format, dict(options))
+            return llguidance.LLMatcher.grammar_from_lark(lark)
         if self.kind == "choice":
             choices = json.loads(self.spec)
             return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
@@ -110,31 +123,3 @@ def tool_call_output(functions: list[dict[str, Any]], parallel: bool, field: str
     several calls in a row when `parallel`."""
     spec = {"functions": [{"name": f["name"], "parameters": f.get("parameters")} for f in functions]}
     return StructuredOutput("tool_call", json.dumps(spec | {"parallel": parallel}), field)
-
-
-def _tool_call_lark(spec: dict[str, Any]) -> str:
-    """Worked example, one function `get_weather(city: string)`, not parallel:
-
-        start: call
-        call: "<tool_call>\\n" %json {"type": "object", "properties": {"name": {"const": "get_weather"},
-              "arguments": {...its parameters...}}, "required": ["name", "arguments"], ...} "\\n</tool_call>"
-
-    With several functions the object is an `anyOf` of one such object per function; parallel
-    calls are `call ("\\n" call)*`, the way Hermes templates write them.
-    """
-    calls = [_call_schema(function) for function in spec["functions"]]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = schema | {"x-guidance": JSON_OPTIONS}
-    start = 'call ("\\n" call)*' if spec["parallel"] else "call"
-    opening, closing = json.dumps(TOOL_CALL_START + "\n"), json.dumps("\n" + TOOL_CALL_END)
-    return f"start: {start}\ncall: {opening} %json {json.dumps(schema)} {closing}\n"
-
-
-def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    parameters = function.get("parameters") or {"type": "object", "properties": {}}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }

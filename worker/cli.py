@@ -6,12 +6,14 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, Quantize, Speculation
 from shared.structured_output import StructuredOutput, json_schema_output
+from shared.tool_call_grammar import TOOL_FORMATS
 
 # torch-free, so that `arbor gateway` builds this parser in an image without torch
 SPECULATION_MODES = get_args(Speculation)
@@ -41,7 +43,18 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument("--json-schema", default=None, help="a JSON schema file the answer validates against")
     parser.add_argument("--regex", default=None, help="a regular expression the answer matches")
     parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    add_tool_parser_argument(parser)
     parser.set_defaults(handler=run_generate)
+
+
+def add_tool_parser_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tool-parser",
+        default=None,
+        choices=TOOL_FORMATS,
+        help="tool-call format answers are read and forced calls written in "
+        "(ARBOR_TOOL_PARSER; default: the one the chat template asks for)",
+    )
 
 
 def add_speculation_arguments(parser: argparse.ArgumentParser, default_mode: str = "none") -> None:
@@ -111,6 +124,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from worker.engine.generate import generate
     from worker.serving_model import load_serving_model
 
+    settings = WorkerSettings()
+    structured = _structured_output(args)
+    if structured is not None:
+        structured = replace(structured, whitespace=settings.json_whitespace)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -119,7 +136,7 @@ def run_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p,
         seed=args.seed,
         stop=list(args.stop),
-        structured=_structured_output(args),
+        structured=structured,
     )
     served = load_serving_model(
         args.model,
@@ -129,7 +146,9 @@ def run_generate(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         quantize=args.quantize,
         kernels=args.kernels,
-        cache_dir=WorkerSettings().cache_dir,
+        cache_dir=settings.cache_dir,
+        tool_parser=args.tool_parser or settings.tool_parser,
+        json_whitespace=settings.json_whitespace,
     )
     if args.chat:
         prompt_ids = served.encode_chat([{"role": "user", "content": args.prompt}])
@@ -208,6 +227,7 @@ def add_worker_parser(subparsers) -> None:
     parser.add_argument("--redis-url", default=None, help="Redis to serve from (REDIS_URL)")
     parser.add_argument("--worker-id", default=None, help="consumer name and heartbeat id (WORKER_ID)")
     add_precision_arguments(parser, default=None)
+    add_tool_parser_argument(parser)
     parser.set_defaults(handler=run_worker)
 
 
@@ -227,6 +247,7 @@ _WORKER_FLAGS = (
     "dtype",
     "quantize",
     "kernels",
+    "tool_parser",
 )
 
 
@@ -296,6 +317,8 @@ def load_worker_model(settings):
         cache_dir=settings.cache_dir,
         quantize=settings.quantize,
         kernels=settings.kernels,
+        tool_parser=settings.tool_parser,
+        json_whitespace=settings.json_whitespace,
     )
 
 

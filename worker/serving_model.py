@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
 import torch
 
+from shared.structured_output import JsonWhitespace
 from worker.chat.template import ChatTemplate, ChatTemplateError
+from worker.chat.tool_parser import TOOL_PARSERS, choose_tool_parser
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.grammar_constraint import GrammarMasks
 from worker.engine.runner import ModelRunner
@@ -23,6 +26,8 @@ class ServingModel:
     loaded: LoadedModel
     runner: ModelRunner
     template: ChatTemplate | None
+    tool_parser: str = "hermes"  # the tool-call format its answers are read in (worker/chat/tool_parser.py)
+    json_whitespace: JsonWhitespace = "compact"  # JSON in forced calls and schemas (shared/structured_output.py)
 
     @property
     def tokenizer(self) -> tokenizers.Tokenizer:
@@ -54,8 +59,11 @@ def load_serving_model(
     cache_dir: Path | None = None,
     quantize: str = "auto",
     kernels: str = "auto",
+    tool_parser: str | None = None,
+    json_whitespace: JsonWhitespace = "compact",
 ) -> ServingModel:
-    """`dtype`, `quantize` and `kernels` as worker.models.loader.load_model takes them ("float32": the exact path)."""
+    """`dtype`, `quantize` and `kernels` as worker.models.loader.load_model takes them ("float32": the exact
+    path); `tool_parser` None: the one the chat template asks for (logged)."""
     if num_threads:
         torch.set_num_threads(num_threads)
     loaded = load_model(model, dtype=dtype, cache_dir=cache_dir, quantize=quantize, kernels=kernels)
@@ -69,7 +77,19 @@ def load_serving_model(
     runner.grammar_masks = GrammarMasks.for_model(loaded)  # its tokenizer is read on first use
     source = loaded.checkpoint.chat_template
     template = ChatTemplate(source, loaded.checkpoint.special_tokens) if source else None
-    return ServingModel(loaded.name, speculation, loaded, runner, template)
+    parser = _tool_parser(tool_parser, source)
+    return ServingModel(loaded.name, speculation, loaded, runner, template, parser, json_whitespace)
+
+
+def _tool_parser(chosen: str | None, template_source: str | None) -> str:
+    if chosen is not None:
+        if chosen not in TOOL_PARSERS:
+            raise ValueError(f"tool_parser: {chosen!r} is not one of {', '.join(TOOL_PARSERS)}")
+        name, why = chosen, "set by ARBOR_TOOL_PARSER / --tool-parser"
+    else:
+        name, why = choose_tool_parser(template_source)
+    logging.getLogger(__name__).info("tool-call format: %s (%s)", name, why)
+    return name
 
 
 def verify_rows(drafter: object | None) -> int:

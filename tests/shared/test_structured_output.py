@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import llguidance
 import pytest
@@ -14,6 +15,7 @@ from shared.structured_output import (
     json_schema_output,
     tool_call_output,
 )
+from shared.tool_call_grammar import TOOL_FORMATS
 from tests.support.tiny_models import train_tokenizer
 
 TOKENIZER = train_tokenizer()
@@ -31,17 +33,17 @@ def accepts(output: StructuredOutput, text: str) -> bool:
 @pytest.mark.parametrize(
     ("output", "good", "bad"),
     [
-        (StructuredOutput("json_object", "", "response_format"), '{"a": [1, 2]}', "[1, 2]"),
-        (json_schema_output(WEATHER, "response_format.json_schema"), '{"city": "Oslo"}', '{"town": "Oslo"}'),
-        (json_schema_output(json.dumps(WEATHER), "guided_json"), '{"city":"Oslo"}', '{"city": 3}'),
+        (StructuredOutput("json_object", "", "response_format"), '{"a":[1,2]}', "[1,2]"),
+        (json_schema_output(WEATHER, "response_format.json_schema"), '{"city":"Oslo"}', '{"town":"Oslo"}'),
+        (json_schema_output(json.dumps(WEATHER), "guided_json"), '{"city":"Oslo"}', '{"city":3}'),
         (StructuredOutput("regex", r"\d{3}-\d{4}", "guided_regex"), "555-1234", "555-12345"),
         (choice_output(["yes", "no"], "guided_choice"), "no", "maybe"),
         (StructuredOutput("grammar", 'root ::= "a" root | "b"', "guided_grammar"), "aab", "aba"),
         (StructuredOutput("grammar", 'start: "x"+ "y"', "guided_grammar"), "xxy", "y"),
         (
             tool_call_output([{"name": "get_weather", "parameters": WEATHER}], False, "tool_choice"),
-            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
-            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+            '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>',
+            '<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>',
         ),
     ],
 )
@@ -50,10 +52,92 @@ def test_each_kind_compiles_and_accepts_what_it_should(output, good, bad):
     assert not accepts(output, bad)
 
 
+TRIP = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("text", ['{"city": "Lisbon","days":2}', '{"city":"Lisbon","days":' + " " * 100 + "2}"])
+def test_compact_json_allows_no_whitespace_between_tokens(text):
+    output = json_schema_output(TRIP, "response_format.json_schema")
+    assert accepts(output, '{"city":"Lisbon","days":2}')
+    assert not accepts(output, text)
+    forced = tool_call_output([{"name": "trip", "parameters": TRIP}], False, "tool_choice")
+    assert not accepts(forced, '<tool_call>\n{"name":"trip","arguments":' + text + "}\n</tool_call>")
+
+
+def test_flexible_json_allows_bounded_runs_of_whitespace():
+    output = replace(json_schema_output(TRIP, "guided_json"), whitespace="flexible")
+    assert accepts(output, '{ "city": "Lisbon",\n  "days": 2 }')
+    assert accepts(output, '{"city":"Lisbon","days":' + " " * 16 + "2}")
+    assert not accepts(output, '{"city":"Lisbon","days":' + " " * 17 + "2}")
+
+
+# A forced call in each format, as the worker's parser for that format reads it back.
+FORCED_CALLS = {
+    "hermes": '<tool_call>\n{"name":"trip","arguments":{"city":"Lisbon","days":2}}\n</tool_call>',
+    "qwen3_xml": "<tool_call>\n<function=trip>\n<parameter=city>\nLisbon\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    "llama3_json": '{"name":"trip","parameters":{"city":"Lisbon","days":2}}',
+    "mistral": '[TOOL_CALLS][{"name":"trip","arguments":{"city":"Lisbon","days":2}}]',
+}
+
+
+@pytest.mark.parametrize("tool_format", TOOL_FORMATS)
+def test_a_forced_call_is_written_in_the_format_and_parses_as_that_call(tool_format):
+    from worker.chat.tool_parser import make_tool_parser
+
+    output = replace(
+        tool_call_output([{"name": "trip", "parameters": TRIP}], True, "tool_choice"), tool_format=tool_format
+    )
+    text = FORCED_CALLS[tool_format]
+    assert accepts(output, text)
+    assert not accepts(output, text.replace("Lisbon", "Lis</bon" if tool_format == "qwen3_xml" else 'Lisbon"'))
+    assert not accepts(output, text.replace("2", "two"))
+    parser = make_tool_parser(tool_format, {"trip": TRIP})
+    parser.feed(text)
+    parser.flush()
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parser.finish()]
+    assert calls == [("trip", {"city": "Lisbon", "days": 2})]
+
+
+@pytest.mark.parametrize("tool_format", TOOL_FORMATS)
+def test_flexible_whitespace_reaches_the_json_inside_forced_calls(tool_format):
+    forced = tool_call_output([{"name": "trip", "parameters": TRIP}], False, "tool_choice")
+    compact = replace(forced, tool_format=tool_format)
+    flexible = replace(compact, whitespace="flexible")
+    text = FORCED_CALLS[tool_format]
+    spaced = text.replace('"city":', '"city":  ') if tool_format != "qwen3_xml" else text
+    assert accepts(flexible, spaced)
+    assert accepts(compact, spaced) is (spaced == text)
+
+
+def test_qwen3_xml_forced_call_leaves_out_optional_parameters_and_types_the_rest():
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "hot": {"type": "boolean"}, "hours": {"type": "array"}},
+        "required": ["city"],
+    }
+    output = replace(
+        tool_call_output([{"name": "f", "parameters": schema}], False, "tool_choice"), tool_format="qwen3_xml"
+    )
+    head, tail = "<tool_call>\n<function=f>\n<parameter=city>\nmulti\nline\n</parameter>\n", "</function>\n</tool_call>"
+    assert accepts(output, head + tail)
+    assert accepts(
+        output, head + "<parameter=hot>\ntrue\n</parameter>\n<parameter=hours>\n[1,2]\n</parameter>\n" + tail
+    )
+    assert not accepts(output, head + "<parameter=hot>\nyes\n</parameter>\n" + tail)
+    assert not accepts(output, head + "<parameter=hours>\n[1, 2]\n</parameter>\n" + tail)
+    assert not accepts(output, "<tool_call>\n<function=f>\n" + tail)  # city is required
+
+
 def test_parallel_tool_calls_allow_several_calls_and_one_call_only_otherwise():
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    call = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'
     functions = [{"name": "get_weather", "parameters": WEATHER}, {"name": "noop"}]
-    noop = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
+    noop = '<tool_call>\n{"name":"noop","arguments":{}}\n</tool_call>'
     assert accepts(tool_call_output(functions, True, "tool_choice"), f"{call}\n{noop}")
     assert not accepts(tool_call_output(functions, False, "tool_choice"), f"{call}\n{noop}")
     assert accepts(tool_call_output(functions, False, "tool_choice"), noop)

@@ -48,3 +48,23 @@ def test_defaults_come_from_worker_settings(monkeypatch):
     settings = worker_settings(build_parser().parse_args(["worker"]))
     assert settings.speculation == "mtp" and settings.max_lanes == 32 and settings.worker_id
     assert settings.stream_interval == 1, "every step streams unless asked otherwise"
+
+
+def test_the_tool_parser_flag_overrides_the_environment_and_arbor_up_passes_it_on(monkeypatch):
+    from ops.up import _worker_args
+
+    monkeypatch.setenv("ARBOR_TOOL_PARSER", "mistral")
+    assert worker_settings(build_parser().parse_args(["worker"])).tool_parser == "mistral"
+    args = build_parser().parse_args(["worker", "--tool-parser", "qwen3_xml"])
+    assert worker_settings(args).tool_parser == "qwen3_xml"
+    up = build_parser().parse_args(["up", "--tool-parser", "llama3_json"])
+    worker_argv = _worker_args(up)
+    assert worker_argv[worker_argv.index("--tool-parser") + 1] == "llama3_json"
+    assert worker_settings(build_parser().parse_args(worker_argv)).tool_parser == "llama3_json"
+
+
+def test_an_unknown_tool_parser_is_refused():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--tool-parser", "nonsense"])

@@ -114,10 +114,13 @@ def build_spec(
 
 def _with_structured_output(params: SamplingParams, output: OutputOptions, served: ServingModel) -> SamplingParams:
     """A constraint starts where the answer does: after the think block when the prompt opened
-    one (a model that may open the tag itself cannot: the grammar does not allow it). Its grammar
-    is compiled here, off the owner thread, so the owner only copies it."""
+    one (a model that may open the tag itself cannot: the grammar does not allow it). A forced
+    call is written in this model's tool-call format, JSON with this worker's whitespace. Its
+    grammar is compiled here, off the owner thread, so the owner only copies it."""
     structured, masks = params.structured, served.runner.grammar_masks
     assert structured is not None and masks is not None, "load_serving_model sets the masks"
+    structured = replace(structured, tool_format=served.tool_parser, whitespace=served.json_whitespace)
+    params = replace(params, structured=structured)
     reasoning = output.reasoning
     if reasoning is not None and reasoning.starts_in_reasoning:
         params = replace(params, constraint_after=reasoning.end_tag)
@@ -157,12 +160,15 @@ def output_options(
         echo = _prompt_text(request, served) if request.echo else ""
         return replace(stops, num_logprobs=request.logprobs, echo=echo)
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    parse_tool_calls = _tools(request) is not None
+    tools = _tools(request)
+    parse_tool_calls = tools is not None
     return replace(
         stops,
         reasoning=_reasoning(request, served, prompt_ids),
         parse_tool_calls=parse_tool_calls,
         single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
+        tool_parser=served.tool_parser,
+        tool_schemas=_tool_schemas(tools or []),
         num_logprobs=num_logprobs,
     )
 
@@ -221,6 +227,11 @@ def _json_object_or_text(text: str) -> Any:
     except ValueError:
         return text
     return value if isinstance(value, dict) else text
+
+
+def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    functions = [tool.get("function") or {} for tool in tools]
+    return {function["name"]: function.get("parameters") or {} for function in functions if "name" in function}
 
 
 def _tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:

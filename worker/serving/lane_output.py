@@ -2,7 +2,7 @@
 
 The pipeline, per token:  ids -> detokenizer + stop strings (TextOutput)
                               -> think tags (ReasoningParser): reasoning | content
-                              -> <tool_call> JSON (ToolCallParser): content | tool_calls
+                              -> the model family's tool-call format (worker/chat/tool_parser.py): content | tool_calls
 
 Tokens go through one at a time, whatever step emitted them. So what the detokenizer holds back
 depends on the tokens alone, not on how steps grouped them (replay, below, relies on it: a
@@ -21,7 +21,7 @@ where the dead worker's was: the rest of the stream continues without a seam.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ import tokenizers
 
 from shared.protocol import TokenLogprob, TopLogprob
 from worker.chat.reasoning import ReasoningParser
-from worker.chat.tool_calls import ToolCallParser
+from worker.chat.tool_parser import make_tool_parser
 from worker.engine.logits_processing import TokenLogprobs
 from worker.engine.text_output import TextOutput
 
@@ -52,6 +52,8 @@ class OutputOptions:
     reasoning: ReasoningOptions | None = None
     parse_tool_calls: bool = False
     single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
+    tool_parser: str = "hermes"  # a name in worker.chat.tool_parser.TOOL_PARSERS
+    tool_schemas: Mapping[str, Any] = field(default_factory=dict)  # function name -> parameters schema
     num_logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
 
 
@@ -82,7 +84,9 @@ class LaneOutput:
             else None
         )
         max_calls = 1 if options.single_tool_call else None
-        self._tools = ToolCallParser(max_calls=max_calls) if options.parse_tool_calls else None
+        self._tools = (
+            make_tool_parser(options.tool_parser, options.tool_schemas, max_calls) if options.parse_tool_calls else None
+        )
         self.num_reasoning_tokens = 0
         self._forced = False
         self._echo = options.echo  # goes out with the first delta (dropped with it when replayed)

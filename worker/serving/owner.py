@@ -45,6 +45,7 @@ from shared.protocol import (
     TokenLogprob,
     ToolCallDelta,
     Usage,
+    merge_tool_calls,
 )
 from worker.redis_side.jobs import JobSpec
 from worker.redis_side.redis_io import BatchItem, Event, JobDone, JobRef, Publication
@@ -425,7 +426,13 @@ class Owner:
             return
         first_output = not job.shown  # up to the first visible output, nothing may wait (TTFT)
         job.shown = job.shown or not delta.empty
-        tool_calls = [ToolCallDelta.model_validate(call) for call in delta.tool_calls] if delta.tool_calls else []
+        # A step that emitted several tokens of one call says so in one entry per call index (the
+        # openai SDK and agent frameworks merge deltas by index and break on repeats in a chunk).
+        tool_calls = (
+            merge_tool_calls([], [ToolCallDelta.model_validate(call) for call in delta.tool_calls])
+            if delta.tool_calls
+            else []
+        )
         self._publish(
             job,
             StepDelta(

@@ -21,7 +21,7 @@ SCHEMA = {
     "required": ["name", "n"],
     "additionalProperties": False,
 }
-DOCUMENT = '{"name": "the fox", "n": 42}'
+DOCUMENT = '{"name":"the fox","n":42}'  # compact, as the default whitespace asks
 
 
 def masks() -> GrammarMasks:
@@ -114,8 +114,16 @@ def test_a_grammar_compiles_once_per_model_and_each_sequence_gets_its_own_matche
     )
 
 
-def test_json_mode_caps_whitespace_runs():
-    output = StructuredOutput("json_object", "", "response_format")
+def test_json_mode_allows_no_whitespace_by_default():
+    lane = constraint(StructuredOutput("json_object", "", "response_format"))
+    space_ids = {i for i in range(TOKENIZER.get_vocab_size()) if TOKENIZER.decode([i]).strip() == ""}
+    opened = ids('{"a":')
+    allowed = set(lane.mask(opened, len(opened)).nonzero().flatten().tolist())
+    assert allowed and not allowed & space_ids
+
+
+def test_flexible_json_mode_caps_whitespace_runs():
+    output = StructuredOutput("json_object", "", "response_format", whitespace="flexible")
     lane = constraint(output)
     spaces = ids("{" + " " * 16)
     space_ids = set(ids(" ")) | {i for i in range(TOKENIZER.get_vocab_size()) if TOKENIZER.decode([i]).strip() == ""}
