@@ -117,15 +117,27 @@ class SseClient:
     @asynccontextmanager
     async def post(self, path: str, body: dict) -> AsyncIterator[StreamedResponse]:
         payload = json.dumps(body).encode()
-        reader, writer = await self._connection()
+        request = (
+            f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        reader, writer, reused = await self._connection()
         response = None
         try:
-            writer.write(
-                f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                + payload
-            )
-            response = await _read_head(reader)
+            writer.write(request)
+            try:
+                response = await _read_head(reader)
+            except asyncio.IncompleteReadError as error:
+                # A kept connection the server closed after its last reply (llama-server does, with
+                # no `Connection: close`): nothing was read, so send again on a fresh one, once,
+                # as HTTP clients do for a stale keep-alive connection.
+                if not reused or error.partial:
+                    raise
+                writer.close()
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+                writer.write(request)
+                response = await _read_head(reader)
             yield response
         finally:
             if response is not None and response.complete:
@@ -133,13 +145,15 @@ class SseClient:
             else:
                 writer.close()
 
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """A connection, and whether it is a kept one."""
         while self._idle:
             reader, writer, since = self._idle.pop()
             if time.monotonic() - since < self.keep_alive_s and not reader.at_eof():
-                return reader, writer
+                return reader, writer, True
             writer.close()
-        return await asyncio.open_connection(self._host, self._port)
+        reader, writer = await asyncio.open_connection(self._host, self._port)
+        return reader, writer, False
 
     async def aclose(self) -> None:
         for _, writer, _ in self._idle:

@@ -165,4 +165,7 @@ def test_a_connection_idle_past_the_keep_alive_is_not_reused() -> None:
         server.shutdown()
         server.server_close()
     assert [record.ok for record in records[:2]] == [True, True]
-    assert not records[3].ok, "reusing the closed connection loses the request (what the limit avoids)"
+    # the stale client wrote to the connection the server had closed: nothing came back, so the
+    # request went again on a fresh connection (llama-server closes after each reply, unannounced)
+    assert records[3].ok, records[3].error
+    assert len(connections) == 4
