@@ -1,38 +1,34 @@
-"""The default model in its default (fast) format stays close to the float32 path: greedy agreement.
+"""The default model in its default (fast) format stays close to the float32 path: greedy agreement
+and the KL divergence of its next-token distributions.
 
 20 prompts (ops/bench/formats.py AGREEMENT_PROMPTS) x 64 greedy tokens, EOS ignored, one torch
-thread. Published figure (docs/ARCHITECTURE.md, measured on the AVX-512 EPYC of the dev VM):
-13 of 20 prompts identical, 84.8 % of all tokens before a prompt's first difference. Other CPUs
-(no AVX-512 bfloat16) round differently, so the bound is the figure less a margin.
+thread. Published figures (docs/BENCHMARKS.md, "The native CPU path", measured on the 2-vCPU Xeon
+with `arbor bench numerics`): on the native kernels 19 of 20 prompts identical, 98.6 % of all
+tokens before a prompt's first difference, KL mean 4.1e-3 and p99 3.6e-2; on PyTorch's kernels
+14/20, 0.851, 4.4e-3. The bounds are those less a margin: other CPUs round alike on the native
+path (its sums are fixed), but the float32 reference's own kernels differ between CPUs.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from ops.bench.formats import AGREEMENT_PROMPTS, greedy_agreement
-from shared.sampling import SamplingParams
-from tests.support.tiny_drafters import one_torch_thread
-from worker.engine.generate import generate
-from worker.serving_model import ServingModel, load_serving_model
+from ops.bench.numerics import run_numerics
 
-pytestmark = pytest.mark.slow  # ~3 minutes: 2 x 1280 tokens, the float32 path at ~60 ms each
-PARAMS = SamplingParams(max_tokens=64, ignore_eos=True)
-MIN_IDENTICAL_PROMPTS = 12  # published 13/20
-MIN_TOKENS_BEFORE_DIFFERENCE = 0.80  # published 0.848
+pytestmark = pytest.mark.slow  # ~4 minutes: the float32 path and the default format, 1280 tokens each
+MIN_IDENTICAL_PROMPTS = 17  # published 19/20
+MIN_TOKENS_BEFORE_DIFFERENCE = 0.93  # published 0.986
+MAX_KL_MEAN = 5e-3  # published 4.1e-3
+MAX_KL_P99 = 4.5e-2  # published 3.6e-2
 
 
-def greedy_outputs(served: ServingModel) -> list[list[int]]:
-    prompts = [served.encode_chat([{"role": "user", "content": text}]) for text in AGREEMENT_PROMPTS]
-    return [generate(served.runner, served.tokenizer, ids, PARAMS).token_ids for ids in prompts]
-
-
-def test_default_format_greedy_agreement_with_float32() -> None:
-    with one_torch_thread():
-        fast = load_serving_model(None, "none", dtype="auto")
-        assert fast.loaded.formats is not None and fast.loaded.formats.body == "int4"  # the fast path, really
-        reference = greedy_outputs(load_serving_model(None, "none", dtype="float32"))
-        agreement = greedy_agreement(reference, greedy_outputs(fast))
-    assert agreement["num_prompts"] == 20
-    assert agreement["identical_prompts"] >= MIN_IDENTICAL_PROMPTS, agreement
-    assert agreement["tokens_before_first_difference"] >= MIN_TOKENS_BEFORE_DIFFERENCE, agreement
+def test_default_format_stays_close_to_float32() -> None:
+    report = run_numerics(None, ["auto"], num_prompts=20, max_tokens=64)
+    figures = report["formats"]["auto"]
+    assert figures["num_prompts"] == 20
+    if figures["kernels"].startswith("native"):
+        assert figures["identical_prompts"] >= MIN_IDENTICAL_PROMPTS, figures
+        assert figures["tokens_before_first_difference"] >= MIN_TOKENS_BEFORE_DIFFERENCE, figures
+    else:  # a CPU without AVX-512 VNNI serves with PyTorch's kernels: today's figures less a margin
+        assert figures["identical_prompts"] >= 12 and figures["tokens_before_first_difference"] >= 0.8, figures
+    assert figures["kl_mean"] <= MAX_KL_MEAN and figures["kl_p99"] <= MAX_KL_P99, figures
