@@ -51,10 +51,10 @@ def apis_markdown(results: dict[str, list[dict]]) -> list[str]:
     if not results or len(results) < 2:
         return []
     rows = []
-    chat = {level["concurrency"]: level for level in results.get("chat", [])}
+    chat = results.get("chat", [])
     for api, levels in results.items():
-        for level in levels:
-            base = chat.get(level["concurrency"])
+        for index, level in enumerate(levels):
+            base = chat[index] if index < len(chat) else None  # the level run beside it
             share = level["output_tokens_per_s"] / base["output_tokens_per_s"] if base and base["ok"] else None
             rows.append(
                 [

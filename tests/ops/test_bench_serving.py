@@ -230,3 +230,14 @@ def test_an_unreachable_url_or_a_server_without_models_is_a_one_line_error(tmp_p
         assert empty.bodies == []
     assert serving("https://example.invalid", tmp_path) == 2
     assert "must be http://host[:port]" in capsys.readouterr().err
+
+
+def test_each_apis_level_is_compared_with_the_chat_level_run_beside_it() -> None:
+    from ops.bench.api_compare import apis_markdown
+
+    def level(rate: float) -> dict:
+        return {"concurrency": 16, "errors": 0, "ok": 4, "output_tokens_per_s": rate, "ttft_ms": {}, "itl_ms": {}}
+
+    table = "\n".join(apis_markdown({"chat": [level(100.0), level(200.0)], "messages": [level(110.0), level(180.0)]}))
+    assert "| messages | 16 | 0 | 110.0 | 1.100x |" in table  # against the first chat level, not the last
+    assert "| messages | 16 | 0 | 180.0 | 0.900x |" in table
