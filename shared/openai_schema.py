@@ -281,9 +281,7 @@ class ChatCompletionRequest(_GenerationRequest):
     @field_validator("service_tier")
     @classmethod
     def _one_tier(cls, value: str | None) -> str | None:
-        if value not in (None, "auto", "default"):
-            raise UnsupportedField("service_tier", f"{value!r} is not supported; only 'auto' and 'default'")
-        return value
+        return one_service_tier(value)
 
     @field_validator("modalities")
     @classmethod
@@ -459,3 +457,10 @@ def _as_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
+
+
+def one_service_tier(value: str | None) -> str | None:
+    """`service_tier` as OpenAI's APIs take it: one tier is served, so only its names pass."""
+    if value not in (None, "auto", "default"):
+        raise UnsupportedField("service_tier", f"{value!r} is not supported; only 'auto' and 'default'")
+    return value

@@ -32,7 +32,7 @@ from gateway.messages_api.request import CountTokensRequest, MessagesRequest
 from gateway.messages_api.stream import MessageStream, sse_event
 from gateway.messages_api.translate import count_request, to_chat_request
 from gateway.middleware.disconnect import disconnect_watch
-from gateway.routes.generate import CLIENT_CLOSED, GenerationStream, admit, read_request
+from gateway.routes.generate import CLIENT_CLOSED, GenerationStream, admitted, opened, read_request
 from gateway.services import Services
 from shared.openai_schema import ChatCompletionRequest
 from shared.protocol import JobKind
@@ -48,7 +48,7 @@ async def create_message(request: Request) -> Response:
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = _parse(MessagesRequest, raw)
-    chat = await _admitted(svc, _translated(lambda: to_chat_request(req, svc.limits)))
+    chat = await admitted(svc, _translated(lambda: to_chat_request(req, svc.limits)))
     gen = await _opened(svc, request, "chat", chat, arrived)
     if isinstance(gen, Response):
         return gen
@@ -68,7 +68,7 @@ async def count_tokens(request: Request) -> Response:
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = _parse(CountTokensRequest, raw)
-    chat = await _admitted(svc, _translated(lambda: count_request(req, svc.limits)))
+    chat = await admitted(svc, _translated(lambda: count_request(req, svc.limits)))
     gen = await _opened(svc, request, "count", chat, arrived)
     if isinstance(gen, Response):
         return gen
@@ -94,24 +94,14 @@ def _translated(make: Callable[[], ChatCompletionRequest]) -> ChatCompletionRequ
         raise errors.from_validation(exc) from None
 
 
-async def _admitted(svc: Services, chat: ChatCompletionRequest) -> ChatCompletionRequest:
-    served = await admit(svc, chat.model)
-    return chat if served == chat.model else chat.model_copy(update={"model": served})
-
-
 async def _opened(
     svc: Services, request: Request, kind: JobKind, chat: ChatCompletionRequest, arrived: float
 ) -> Generation | Response:
     settings = svc.settings
     job = new_job(kind, chat, settings.default_max_tokens, settings.request_timeout_s, svc.hub.request_id)
     gen = Generation(svc, job, 1, disconnect_watch(request.scope), arrived)
-    try:
-        await gen.open()  # subscribed, then enqueued; closed by whichever reply follows
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED)
-    except GenerationFailed as exc:
-        return messages_errors.response(exc.error)
-    return gen
+    refused = await opened(gen, messages_errors.response)
+    return gen if refused is None else refused
 
 
 async def _finished(gen: Generation) -> Response | None:

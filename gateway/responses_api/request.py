@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.openai_schema import UnsupportedField
+from shared.openai_schema import UnsupportedField, one_service_tier
 from shared.structured_output import StructuredOutputError, json_schema_output
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -333,9 +333,7 @@ class ResponsesRequest(_Strict):
     @field_validator("service_tier")
     @classmethod
     def _one_tier(cls, value: str | None) -> str | None:
-        if value not in (None, "auto", "default"):
-            raise UnsupportedField("service_tier", f"{value!r} is not supported; only 'auto' and 'default'")
-        return value
+        return one_service_tier(value)
 
     @field_validator("conversation", "prompt")
     @classmethod

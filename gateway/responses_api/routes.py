@@ -35,7 +35,7 @@ from gateway.responses_api.objects import DeletedResponse, ResponseObject, dump_
 from gateway.responses_api.request import ResponsesRequest
 from gateway.responses_api.store import ResponseStore, previous_response_not_found, response_not_found
 from gateway.responses_api.translate import Translation, translate
-from gateway.routes.generate import CLIENT_CLOSED, GenerationStream, admit, read_request
+from gateway.routes.generate import CLIENT_CLOSED, GenerationStream, admitted, opened, read_request
 from gateway.services import Services
 from shared.openai_schema import Limits, limits_context
 
@@ -67,10 +67,7 @@ async def create_response(request: Request) -> Response:
     req = parse_request(raw, svc.limits)
     store = _store(svc)
     translation = await _translated(req, store, svc.limits)
-    served = await admit(svc, req.model)
-    chat = translation.chat
-    if served != chat.model:  # an alias: the job goes to the model's stream
-        chat = chat.model_copy(update={"model": served})
+    chat = await admitted(svc, translation.chat)
     job = new_job(
         "chat",
         chat,
@@ -84,12 +81,9 @@ async def create_response(request: Request) -> Response:
     assembler = ResponseAssembler(new_response(job.id, int(job.created), req, translation.warnings))
     saver = _Saver(store, req.store, translation.items)
     gen = Generation(svc, job, 1, disconnect_watch(request.scope), arrived)
-    try:
-        await gen.open()  # subscribed, then enqueued; closed by whichever reply follows
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED)
-    except GenerationFailed as exc:
-        return exc.error.response()
+    refused = await opened(gen)
+    if refused is not None:
+        return refused
     if req.stream:
         return GenerationStream(gen, _stream(gen, assembler, saver))
     return await _whole(gen, assembler, saver)

@@ -10,7 +10,8 @@ has started, a failure is sent the way vLLM does: one `data: {"error": {...}}` e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar, cast
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -42,6 +43,7 @@ from shared.settings import GatewaySettings
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; nobody reads it
 
 Format = ChatFormat | CompletionFormat
+Admitted = TypeVar("Admitted", bound=GenerationRequest)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -60,9 +62,7 @@ async def _generate(request: Request, kind: JobKind) -> Response:
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = parse_request(kind, raw, svc.limits)
-    served = await admit(svc, req.model)
-    if served != req.model:  # an alias: the job goes to the model's stream, replies carry its name
-        req = req.model_copy(update={"model": served})
+    req = await admitted(svc, req)
     jobs = [
         new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
         for one in _one_request_per_prompt(req)
@@ -71,15 +71,26 @@ async def _generate(request: Request, kind: JobKind) -> Response:
     watch = disconnect_watch(request.scope)
     gens = [Generation(svc, job, req.n, watch, arrived) for job in jobs]
     gen = gens[0] if len(gens) == 1 else GenerationBatch(gens, req.n)
-    try:
-        await gen.open()  # subscribed, then enqueued; closed by whichever reply follows
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED)
-    except GenerationFailed as exc:
-        return exc.error.response()
+    refused = await opened(gen)
+    if refused is not None:
+        return refused
     if req.stream:
         return GenerationStream(gen, _stream(gen, fmt, req.include_usage))
     return await _whole(gen, fmt)
+
+
+async def opened(
+    gen: Generation | GenerationBatch, refusal: Callable[[errors.ApiError], Response] = errors.ApiError.response
+) -> Response | None:
+    """Subscribes, then enqueues (closed by whichever reply follows); the reply instead where the
+    client left or the job could not be queued (`refusal`: the API's own error envelope)."""
+    try:
+        await gen.open()
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    except GenerationFailed as exc:
+        return refusal(exc.error)
+    return None
 
 
 async def read_request(request: Request, settings: GatewaySettings) -> bytes:
@@ -90,14 +101,16 @@ async def read_request(request: Request, settings: GatewaySettings) -> bytes:
         raise errors.body_timeout(settings.client_timeout_s) from None
 
 
-async def admit(svc: Services, model: str) -> str:
-    """The served name of the model `model` names (an alias names another); raises ApiError."""
+async def admitted(svc: Services, req: Admitted) -> Admitted:
+    """`req` admitted, naming its model's served name: an alias names another model, and the job
+    goes to that model's stream, its replies carrying that name. Raises ApiError."""
     settings = svc.settings
     try:
         async with asyncio.timeout(settings.redis_timeout_s):
-            return await svc.admission.admit(model)
+            served = await svc.admission.admit(req.model)
     except (RedisError, OSError, TimeoutError) as exc:
         raise errors.redis_unavailable(exc) from exc
+    return req if served == req.model else cast(Admitted, req.model_copy(update={"model": served}))
 
 
 def _one_request_per_prompt(req: GenerationRequest) -> Sequence[GenerationRequest]:

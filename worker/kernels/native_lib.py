@@ -61,14 +61,6 @@ class NativeKernels:
         self.cpu_has_vnni = bool(self.lib.arbor_cpu_has_avx512_vnni())
         assert isa == "portable" or self.cpu_has_vnni, "the VNNI path on a CPU without it"
 
-    def with_isa(self, isa: str) -> NativeKernels:
-        """The same library on another path (tests force the portable one)."""
-        twin = object.__new__(NativeKernels)
-        for name in ("lib", "q4_record_bytes", "q8_record_bytes", "cpu_has_vnni"):
-            setattr(twin, name, getattr(self, name))
-        twin.isa, twin._isa_code = isa, ISA_CODES[isa]
-        return twin
-
     def quantize_rows(self, x: torch.Tensor, two_term: bool = True) -> QuantizedRows:
         """x [rows, k] float32 contiguous, k a multiple of 32."""
         rows, k = x.shape

@@ -167,7 +167,7 @@ def format_module(
         if formats.kernels == "native":
             kernels = load_kernels(formats.native_isa or "portable")
             two_term = formats.native_activations == "int16"
-            return NativeQuantizedLinear(as_native_sees(weight), bias, kernels, torch.get_num_threads(), two_term)
+            return NativeQuantizedLinear(weight, bias, kernels, torch.get_num_threads(), two_term)  # packing rounds
         return QuantizedLinear(weight, bias, device)
     return dense_linear(dequantized(weight), bias, DENSE_DTYPES[weight_format], device)
 
