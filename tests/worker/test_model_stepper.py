@@ -17,7 +17,7 @@ from worker.serving.model_stepper import LaneStart, LaneState, ModelStepper
 from worker.serving.prefix_cache import PrefixCache
 from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 from worker.serving_model import ServingModel, load_serving_model
-from worker.speculation.adaptive import StepCosts
+from worker.speculation.step_costs import StepCosts
 
 SYSTEM = "You are a helpful assistant. Speculative decoding drafts tokens and verifies them in one forward pass. " * 2
 
@@ -171,10 +171,12 @@ def test_a_lane_that_has_not_drafted_yet_drafts_though_the_workers_acceptance_is
     stepper = ModelStepper(model.runner)
     # drafting costs next to nothing here: a lane drafts whenever its acceptance is not tiny
     stepper.step_costs = StepCosts({(1, 0): 1.0, (1, 1): 1.1, (1, 3): 1.3})
-    stepper.counters.draft_tokens, stepper.counters.accepted_tokens = 1000, 50  # 5 % worker-wide
+    for _ in range(200):  # the worker's drafts were refused at depth 1 nineteen times in twenty
+        stepper.worker_acceptance.record(1 if _ % 20 == 0 else 0, offered_next=True)
     fresh = prefill(stepper, chat(model, "Hi"), SamplingParams(max_tokens=4))
     stepper._limit_drafts([fresh])
     assert fresh.sequence.draft_limit == 3
-    fresh.stats.draft_tokens, fresh.stats.accepted_tokens = 30, 0  # its own drafts were all rejected
+    for _ in range(10):  # its own drafts were all rejected
+        fresh.acceptance.record(0, offered_next=True)
     stepper._limit_drafts([fresh])
     assert fresh.sequence.draft_limit == 0

@@ -112,6 +112,9 @@ class GrammarMasks:
         except (ValueError, RuntimeError) as error:
             raise GrammarUnavailable(f"structured outputs cannot read this model's tokenizer: {error}") from None
 
+    def tokenize_bytes(self, text: bytes) -> list[int]:
+        return list(self._llg_tokenizer().tokenize_bytes(text))
+
     def ids_mask(self, token_ids: Collection[int]) -> torch.Tensor:  # [vocab_size] bool
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
         mask[torch.tensor(sorted(token_ids), dtype=torch.long)] = True
@@ -162,6 +165,26 @@ class GrammarConstraint:
             if consumed:
                 self._matcher.rollback(consumed)
 
+    def forced_tokens(self, output_ids: Sequence[int], limit: int) -> list[int]:
+        """What the grammar forces next, as tokens (up to `limit`), after the committed output.
+
+        llguidance knows the bytes every continuation starts with (a key and its `":"`, a
+        closing `"}`); their tokenization is the draft: the constrained target nearly always
+        writes them so, and verification decides where it does not. Once the grammar is
+        complete, or can only end, the sequence's stop token (where it has one). Empty while the
+        answer has not started (still reasoning) or where the text is free."""
+        self._consume_committed(output_ids, len(output_ids))
+        if self._start is None or limit <= 0:
+            return []
+        matcher, stop = self._matcher, sorted(self._stop_ids)
+        if matcher.is_stopped():
+            return stop[:1] if len(stop) == 1 else []
+        forced = matcher.compute_ff_bytes()
+        if forced:
+            return self._masks.tokenize_bytes(forced)[:limit]
+        can_only_end = matcher.is_accepting() and _single_token(matcher.compute_bitmask()) in self._masks.eos_ids
+        return stop if can_only_end and len(stop) == 1 else []
+
     def _current_mask(self) -> torch.Tensor:
         if self._matcher.is_stopped():
             return self._masks.ids_mask(self._stop_ids)
@@ -188,6 +211,14 @@ class GrammarConstraint:
             if not self._matcher.consume_token(token_id):
                 raise GrammarViolation(f"token {token_id} breaks the grammar: {self._matcher.get_error()}")
         self._num_consumed = max(self._num_consumed, num_committed)
+
+
+def _single_token(bitmask: bytes) -> int | None:
+    """The one token a packed mask allows (bit i of the little-endian words: token i), or None."""
+    bits = int.from_bytes(bitmask, "little")
+    if bits == 0 or bits & (bits - 1):
+        return None
+    return bits.bit_length() - 1
 
 
 class AnswerStart:

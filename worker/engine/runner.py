@@ -33,9 +33,11 @@ from worker.engine.verifier import accept, takes_argmax, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
 from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
 from worker.models.kv_pool import KVPool, PagedKVCache
-from worker.speculation.tree import DraftTree
+from worker.speculation.tree import ROOT, DraftTree
 
 EMPTY_TREE = DraftTree([], [], [])
+MAX_FORCED_DRAFT = 8  # tokens a grammar forces that one step verifies (rows the scheduler reserves for them)
+GRAMMAR_SOURCE = "grammar"  # LaneWork.source of a draft the grammar forced
 # A cached prefix's target half: its K/V (copied), the pool blocks holding them (shared), or
 # for a hybrid model its K/V with the recurrent states at its block boundaries.
 PrefixKV = tuple[torch.Tensor, torch.Tensor] | list[int] | HybridPrefix
@@ -64,6 +66,10 @@ class LaneWork:
     proposed: bool = False  # its tree came from the drafter's batched proposal
     observed: TargetStates | None = None  # what the drafter is shown once the step is committed
     targets: list[int] | None = None  # its rows' argmaxes, where each row's token is just that
+    forced: list[int] = field(default_factory=list)  # tokens its grammar forces after the root
+    source: str = ""  # where its draft came from: the drafter's name, GRAMMAR_SOURCE, "" (none)
+    num_accepted: int = 0  # draft nodes the step accepted
+    offered_next: bool = False  # the last accepted node (or the root) had a drafted child, refused
 
     @property
     def is_prefill(self) -> bool:
@@ -95,6 +101,7 @@ class ModelRunner:
         self.logits_observer: Callable[[Sequence, torch.Tensor, list[int]], None] | None = None
         # Structured outputs' masks; set where the tokenizer is known (worker.serving_model).
         self.grammar_masks: GrammarMasks | None = None
+        self.forced_drafts = True  # a grammar's forced tokens are drafted (`_force`); False: the plain path
 
     @property
     def vocab_size(self) -> int:
@@ -165,7 +172,10 @@ class ModelRunner:
         started = time.perf_counter()
         for work in works:
             assert not work.sequence.finished and (work.is_prefill or work.sequence.num_to_prefill == 0)
-        self._propose_together([work for work in works if not work.is_prefill])
+        decoding = [work for work in works if not work.is_prefill]
+        for work in decoding:
+            self._guarded(work, self._force)
+        self._propose_together([work for work in decoding if len(work.forced) < 2])
         for work in works:
             self._guarded(work, self._draft)
         drafted = time.perf_counter()
@@ -181,7 +191,7 @@ class ModelRunner:
     def _propose_together(self, works: list[LaneWork]) -> None:
         """Drafts for every decoding lane from one call, where the drafter batches them (`propose_many`)."""
         drafter = self.drafter
-        drafting = [work for work in works if work.sequence.draft_limit != 0]
+        drafting = [work for work in works if work.sequence.draft_limit != 0 and work.error is None]
         if drafter is None or len(drafting) < 2 or not hasattr(drafter, "propose_many"):
             return
         try:
@@ -232,11 +242,30 @@ class ModelRunner:
             sequence.cache.reserve(start + work.num_prefill)
             work.rows = LaneRows(token_ids, list(range(start, start + work.num_prefill)), sequence.cache, None, 0)
             return
-        if not work.proposed:
+        if not work.proposed and len(work.forced) < 2:
             work.tree = self._propose(sequence)
+        if work.tree.num_nodes:
+            work.source = getattr(self.drafter, "name", "")
+        if work.forced and not _starts_with(work.tree, work.forced):
+            work.tree, work.source = DraftTree.chain(work.forced), GRAMMAR_SOURCE
         token_ids, positions, mask = tree_inputs(sequence, work.tree)
         sequence.cache.reserve(start + len(token_ids))
         work.rows = LaneRows(token_ids, positions, sequence.cache, mask, None)
+
+    def _force(self, work: LaneWork) -> None:
+        """The tokens the lane's grammar allows exactly one way: a draft that is always accepted.
+
+        Ahead of the drafter, whatever the mode (`none` too) and whatever adaptive speculation
+        chose: where a JSON schema leaves one way on (a key, `": "`, a closing brace) a step
+        verifies several tokens for the price of a few more rows. The drafter's own tree is kept
+        where it already starts with them (it may guess further); two forced tokens or more
+        and the drafter is not asked."""
+        sequence = work.sequence
+        if sequence.constraint is None or not self.forced_drafts:
+            return
+        room = sequence.params.max_tokens - len(sequence.output_ids) - 1  # the bonus token comes anyway
+        limit = min(MAX_FORCED_DRAFT, self.max_draft_nodes, room)
+        work.forced = sequence.constraint.forced_tokens(sequence.output_ids, limit) if limit > 0 else []
 
     def _forward_all(self, works: list[LaneWork]) -> None:
         if not works:
@@ -290,6 +319,9 @@ class ModelRunner:
             work.observed.drafting = sequence.draft_limit != 0
         sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
         work.emitted = emitted
+        work.num_accepted = len(verdict.accepted_nodes)
+        last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else ROOT
+        work.offered_next = last in tree.parents
 
     def _account(self, work: LaneWork, started: float, drafted: float) -> None:
         """The step's time, to each of its sequences: what each waited for its tokens."""
@@ -398,3 +430,14 @@ class ModelRunner:
             sequence.finish_reason = "length"
         elif sequence.output_ids and sequence.output_ids[-1] in sequence.stop_ids:
             sequence.finish_reason = "stop"
+
+
+def _starts_with(tree: DraftTree, tokens: list[int]) -> bool:
+    """Whether the tree holds `tokens` as a path from the root (the drafter guessed them too)."""
+    node = ROOT
+    for token in tokens:
+        child = tree.child_with_token(node, token)
+        if child is None:
+            return False
+        node = child
+    return True

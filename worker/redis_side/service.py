@@ -51,7 +51,7 @@ from worker.serving.model_stepper import ModelStepper
 from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.serving.prefix_cache import PrefixCache
 from worker.serving_model import ServingModel
-from worker.speculation.adaptive import StepCosts
+from worker.speculation.step_costs import StepCosts
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class WorkerService:
         if config.adaptive_speculation:
             stepper.step_costs = stepper.measure_step_costs()
             if stepper.step_costs is not None:
-                log.info("decode step costs (lanes, draft tokens) -> ms: %s", _costs_ms(stepper.step_costs))
+                log.info("decode step costs (lanes, draft tokens) -> ms: %s", _costs_ms(stepper.step_costs.prior))
         owner_config = OwnerConfig(
             config.worker_id, config.speculation, config.max_lanes, kv_cache_bytes, config.max_batch_tokens
         )

@@ -34,7 +34,7 @@ import torch
 from shared.sampling import SamplingParams
 from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
-from worker.engine.runner import LaneWork, ModelRunner
+from worker.engine.runner import MAX_FORCED_DRAFT, LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.models.hybrid.decoder import HybridDecoder
@@ -44,7 +44,9 @@ from worker.redis_side.heartbeat import WorkerCounters
 from worker.serving.prefix_cache import PrefixCache, PrefixEntry
 from worker.serving.scheduler import LaneWorkItem
 from worker.serving_model import verify_rows
-from worker.speculation.adaptive import DEFAULT_ACCEPTANCE, StepCosts, choose_draft_length, lane_acceptance
+from worker.speculation.acceptance import DEFAULT_ACCEPTANCE, WORKER_DECAY, DepthAcceptance, worker_priors
+from worker.speculation.adaptive import LaneOutlook, choose_draft_length
+from worker.speculation.step_costs import OnlineStepCosts, StepCosts
 
 log = logging.getLogger(__name__)
 NO_POOL_BLOCKS = 1 << 62  # free blocks, as the scheduler sees them, where lanes hold none
@@ -73,6 +75,8 @@ class LaneState:
     stored: bool = False  # its prefix went to the cache (or was already there)
     claimed_blocks: int = 0  # blocks its prefix hit took from those only the cache held, not yet planned
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of the last decode step's tokens
+    acceptance: DepthAcceptance = field(default_factory=DepthAcceptance)  # its drafter's, recent steps weighed most
+    tree_depths: list[int] = field(default_factory=list)  # its drafter's last tree's node depths ([]: chains)
 
     @property
     def finished(self) -> bool:
@@ -108,9 +112,11 @@ class ModelStepper:
         self.runner = runner
         self.pool = pool  # where the lanes' K/V live (None: a buffer per lane, sized at its start)
         self._decode_rows = verify_rows(runner.drafter)  # a decode step's rows: root + the most draft nodes
-        # Adaptive speculation (worker.speculation.adaptive): the step costs measured at start-up;
-        # None: every lane drafts all its drafter proposes.
-        self.step_costs: StepCosts | None = None
+        # Adaptive speculation (worker.speculation.adaptive): step costs (the start-up table,
+        # corrected by the steps run) and the drafter's acceptance per depth over the worker;
+        # without costs every lane drafts all its drafter proposes.
+        self._online_costs: OnlineStepCosts | None = None
+        self.worker_acceptance = DepthAcceptance(decay=WORKER_DECAY)
         self.prefix_cache = prefix_cache
         if prefix_cache is not None and pool is not None:  # entries hold pool blocks (module docstring)
             assert prefix_cache.block_tokens % pool.block_tokens == 0, (prefix_cache.block_tokens, pool.block_tokens)
@@ -172,7 +178,19 @@ class ModelStepper:
     def num_to_prefill(self, state: LaneState) -> int:
         return 0 if state.finished else state.sequence.num_to_prefill
 
+    @property
+    def step_costs(self) -> OnlineStepCosts | None:
+        return self._online_costs
+
+    @step_costs.setter
+    def step_costs(self, measured: StepCosts | None) -> None:
+        """The start-up table: the prior that the steps this worker runs correct."""
+        self._online_costs = None if measured is None else OnlineStepCosts(measured)
+
     def decode_rows(self, state: LaneState) -> int:
+        """Rows its decode step may take: a structured output's may verify what its grammar forces."""
+        if state.sequence.constraint is not None:
+            return max(self._decode_rows, 1 + min(MAX_FORCED_DRAFT, self.runner.max_draft_nodes))
         return self._decode_rows
 
     def free_blocks(self) -> int:
@@ -197,7 +215,9 @@ class ModelStepper:
                 works.append((index, state, LaneWork(state.sequence, item.num_prefill)))
         before = [_spec_counts(state) for _, state, _ in works]
         self._limit_drafts([state for _, state, work in works if not work.is_prefill])
+        started = time.perf_counter()
         self.runner.step([work for _, _, work in works])
+        self._learn([(state, work) for _, state, work in works], time.perf_counter() - started)
         counters = self.counters
         counters.steps += 1
         counters.step_lanes += len(works)
@@ -216,22 +236,39 @@ class ModelStepper:
         return outcomes
 
     def _limit_drafts(self, decoding: list[LaneState]) -> None:
-        """Each decoding lane's draft length for this step, from the measured costs at this load."""
-        costs, counters = self.step_costs, self.counters
+        """Each decoding lane's draft length for this step, from the costs at this load and what
+        each lane's drafts promise (worker.speculation.adaptive); now and then a length whose
+        cost has gone stale instead (OnlineStepCosts.explore)."""
+        costs, counters = self._online_costs, self.counters
         if costs is None or not decoding:
             return
-        # A lane that has not drafted yet is given at least the prior: how well drafts do depends
-        # on its own prompt (an n-gram drafter's matches, a head's topic), so it shows its own
-        # acceptance in a few steps rather than inheriting a worker-wide figure it would never
-        # get to revise (a lane that does not draft measures nothing).
-        worker_acceptance = lane_acceptance(counters.draft_tokens, counters.accepted_tokens, DEFAULT_ACCEPTANCE)
-        default = max(worker_acceptance, DEFAULT_ACCEPTANCE)
-        acceptances = [lane_acceptance(s.stats.draft_tokens, s.stats.accepted_tokens, default) for s in decoding]
-        draft_length = choose_draft_length(costs, acceptances)
+        max_depth = max(costs.draft_lengths)
+        # A lane's rates start from the worker's, but never below the default: how well drafts
+        # do depends on its own text (an n-gram drafter's matches, a head's topic), so a young
+        # lane drafts for a few steps and shows its own rates rather than inheriting a worker's
+        # figure it would never revise (a lane that does not draft measures nothing).
+        priors = [max(rate, DEFAULT_ACCEPTANCE) for rate in worker_priors(self.worker_acceptance, max_depth)]
+        outlooks = [LaneOutlook(state.acceptance.rates(max_depth, priors), state.tree_depths) for state in decoding]
+        explored = costs.explore()
+        draft_length = choose_draft_length(costs, outlooks) if explored is None else explored
         for state in decoding:
             state.sequence.draft_limit = draft_length
         counters.draft_length = draft_length
         counters.lanes_speculating = len(decoding) if draft_length else 0
+
+    def _learn(self, works: list[tuple[LaneState, LaneWork]], seconds: float) -> None:
+        """What the step says about drafts and costs: each lane's acceptance per depth (its
+        drafter's drafts only: a grammar's forced tokens are always accepted, and say nothing of
+        the drafter), and the cost of a step of only decoding lanes."""
+        drafter_name = getattr(self.runner.drafter, "name", None)
+        for state, work in works:
+            if work.error is None and not work.is_prefill and work.source and work.source == drafter_name:
+                state.acceptance.record(work.num_accepted, work.offered_next)
+                self.worker_acceptance.record(work.num_accepted, work.offered_next)
+                state.tree_depths = [] if work.tree.is_chain else list(work.tree.depths)
+        costs = self._online_costs
+        if costs is not None and works and all(not work.is_prefill and work.error is None for _, work in works):
+            costs.record(len(works), sum(work.num_rows for _, work in works), seconds)
 
     def measure_step_costs(self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = 5) -> StepCosts | None:
         """What a decode step costs here with n lanes drafting k tokens each (drafting included),

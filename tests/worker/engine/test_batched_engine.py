@@ -21,7 +21,7 @@ from worker.models.decoder import DECODE_BUCKETS
 from worker.models.kv_pool import KVPool
 from worker.serving.model_stepper import LaneStart, ModelStepper
 from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
-from worker.speculation.adaptive import StepCosts
+from worker.speculation.step_costs import StepCosts
 
 NUM_LANES = 12
 BLOCK_TOKENS = 8
