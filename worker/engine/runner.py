@@ -244,8 +244,9 @@ class ModelRunner:
             return
         if not work.proposed and len(work.forced) < 2:
             work.tree = self._propose(sequence)
-        if work.tree.num_nodes:
-            work.source = getattr(self.drafter, "name", "")
+        if work.tree.num_nodes and self.drafter is not None:
+            source_of = getattr(self.drafter, "source_of", None)  # a drafter of several sources names the step's
+            work.source = source_of(sequence.drafter_state) if source_of else self.drafter.name
         if work.forced and not _starts_with(work.tree, work.forced):
             work.tree, work.source = DraftTree.chain(work.forced), GRAMMAR_SOURCE
         token_ids, positions, mask = tree_inputs(sequence, work.tree)

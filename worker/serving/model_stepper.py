@@ -34,7 +34,7 @@ import torch
 from shared.sampling import SamplingParams
 from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
-from worker.engine.runner import MAX_FORCED_DRAFT, LaneWork, ModelRunner
+from worker.engine.runner import GRAMMAR_SOURCE, MAX_FORCED_DRAFT, LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats
 from worker.models.hybrid.decoder import HybridDecoder
@@ -260,9 +260,8 @@ class ModelStepper:
         """What the step says about drafts and costs: each lane's acceptance per depth (its
         drafter's drafts only: a grammar's forced tokens are always accepted, and say nothing of
         the drafter), and the cost of a step of only decoding lanes."""
-        drafter_name = getattr(self.runner.drafter, "name", None)
         for state, work in works:
-            if work.error is None and not work.is_prefill and work.source and work.source == drafter_name:
+            if work.error is None and not work.is_prefill and work.source not in ("", GRAMMAR_SOURCE):
                 state.acceptance.record(work.num_accepted, work.offered_next)
                 self.worker_acceptance.record(work.num_accepted, work.offered_next)
                 state.tree_depths = [] if work.tree.is_chain else list(work.tree.depths)
