@@ -24,7 +24,6 @@ block boundaries, kept while its prefill passed them (HybridCache.snapshot_every
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +42,7 @@ from worker.models.kv_pool import KVPool
 from worker.redis_side.heartbeat import WorkerCounters
 from worker.serving.prefix_cache import PrefixCache, PrefixEntry
 from worker.serving.scheduler import LaneWorkItem
+from worker.serving.step_cost_probe import COST_LANE_COUNTS, measure_step_costs
 from worker.serving_model import verify_rows
 from worker.speculation.acceptance import DEFAULT_ACCEPTANCE, WORKER_DECAY, DepthAcceptance, worker_priors
 from worker.speculation.adaptive import LaneOutlook, choose_draft_length
@@ -51,9 +51,6 @@ from worker.speculation.step_costs import OnlineStepCosts, StepCosts
 log = logging.getLogger(__name__)
 NO_POOL_BLOCKS = 1 << 62  # free blocks, as the scheduler sees them, where lanes hold none
 SNAPSHOT_SHARE = 0.5  # of the prefill cache's budget, for one lane's recurrent-state snapshots
-COST_LANE_COUNTS = (1, 4, 16)  # lanes at which step costs are measured (interpolated between)
-COST_PROMPT_TOKENS = 16
-COST_PROMPT = list(range(3, 3 + COST_PROMPT_TOKENS))  # any tokens: a step's cost does not depend on them
 
 
 @dataclass(slots=True)
@@ -271,40 +268,11 @@ class ModelStepper:
 
     def measure_step_costs(self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = 5) -> StepCosts | None:
         """What a decode step costs here with n lanes drafting k tokens each (drafting included),
-        for adaptive speculation; None where there is nothing to adapt (no drafter, no pool).
-
-        Each point is the median of `repeats` steps, taken in rounds that visit every draft
-        length once (after a round to warm up), so a drift in the machine's load falls on every
-        length alike: on a shared machine a point measured apart from the others could make a
-        draft length look cheaper than it is, and speculation would then cost throughput."""
-        pool, drafter = self.pool, self.runner.drafter
-        if pool is None or drafter is None:
+        for adaptive speculation; None where there is nothing to adapt (no drafter, no pool)."""
+        pool = self.pool
+        if pool is None or self.runner.drafter is None:
             return None
-        max_draft = self._decode_rows - 1
-        draft_lengths = sorted({0, 1, max(max_draft // 2, 1), max_draft})
-        max_tokens = (repeats + 1) * sum(length + 1 for length in draft_lengths)  # every draft accepted
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        per_lane = pool.blocks_for(COST_PROMPT_TOKENS + max_tokens + self.runner.max_draft_nodes + 1)
-        seconds: dict[tuple[int, int], float] = {}
-        for num_lanes in lane_counts:
-            if num_lanes * per_lane > pool.allocator.num_free:
-                break
-            sequences = [self.runner.start(f"cost-{i}", COST_PROMPT, params, pool=pool) for i in range(num_lanes)]
-            self.runner.step([LaneWork(sequence, sequence.num_to_prefill) for sequence in sequences])
-            times: dict[int, list[float]] = {length: [] for length in draft_lengths}
-            for round_index in range(repeats + 1):
-                for draft_length in draft_lengths:
-                    for sequence in sequences:
-                        sequence.draft_limit = draft_length
-                    started = time.perf_counter()
-                    self.runner.step([LaneWork(sequence) for sequence in sequences])
-                    if round_index > 0:
-                        times[draft_length].append(time.perf_counter() - started)
-            for draft_length, measured in times.items():
-                seconds[(num_lanes, draft_length)] = statistics.median(measured)
-            for sequence in sequences:
-                sequence.cache.release()
-        return StepCosts(seconds) if seconds else None
+        return measure_step_costs(self.runner, pool, self._decode_rows - 1, lane_counts, repeats)
 
     def prefill(self, state: LaneState, max_tokens: int) -> int:
         """One prefill chunk of this lane alone (as a step of one)."""

@@ -1,0 +1,115 @@
+"""The start-up measurement of what a decode step costs: n lanes, each verifying k draft tokens.
+
+Adaptive speculation takes this table as its prior (worker.speculation.step_costs corrects it
+with the steps the worker then runs). Each point is the median of `repeats` steps, taken in
+rounds that visit every draft length once (after a round to warm up), so a drift in the
+machine's load falls on every length alike: on a shared machine a point measured apart from
+the others could make a draft length look cheaper than it is, and speculation would then cost
+throughput.
+
+The drafter drafts as it would (its cost is part of a step's), but on the probe's arbitrary
+prompt it may draft less than k, or nothing (suffix decoding finds no match in it): its draft
+is then padded to k with a filler chain, so the point costs the rows it names.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from shared.sampling import SamplingParams
+from worker.drafters.base import Drafter, TargetStates
+from worker.engine.runner import LaneWork, ModelRunner
+from worker.engine.sequence import Sequence
+from worker.models.kv_pool import KVPool
+from worker.speculation.step_costs import StepCosts
+from worker.speculation.tree import DraftTree
+
+COST_LANE_COUNTS = (1, 4, 16)  # lanes at which step costs are measured (interpolated between)
+COST_PROMPT_TOKENS = 16
+COST_PROMPT = list(range(3, 3 + COST_PROMPT_TOKENS))  # any tokens: a step's cost does not depend on them
+FILLER_TOKEN = 3
+
+
+class _PaddedDrafts:
+    """The drafter, its drafts padded to the step's draft limit (see the module docstring)."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self.name = drafter.name
+        self.hidden_layers = drafter.hidden_layers
+        self.wants_final_hidden = drafter.wants_final_hidden
+
+    def start(self, sequence: Sequence) -> Any:
+        return self.drafter.start(sequence)
+
+    def observe(self, state: Any, committed: TargetStates) -> None:
+        self.drafter.observe(state, committed)
+
+    def observe_many(self, items: list[tuple[Any, TargetStates]]) -> None:
+        if hasattr(self.drafter, "observe_many"):  # batched as in serving: its cost is the batched one
+            self.drafter.observe_many(items)
+        else:
+            for state, committed in items:
+                self.drafter.observe(state, committed)
+
+    def propose(self, state: Any, sequence: Sequence) -> DraftTree | None:
+        return _padded(self.drafter.propose(state, sequence), sequence)
+
+    def propose_many(self, items: list[tuple[Any, Sequence]]) -> list[DraftTree | None]:
+        if hasattr(self.drafter, "propose_many"):
+            trees = list(self.drafter.propose_many(items))
+        else:
+            trees = [self.drafter.propose(state, sequence) for state, sequence in items]
+        return [_padded(tree, sequence) for tree, (_, sequence) in zip(trees, items, strict=True)]
+
+    def state_bytes(self, state: Any) -> int:
+        return self.drafter.state_bytes(state)
+
+
+def _padded(tree: DraftTree | None, sequence: Sequence) -> DraftTree | None:
+    wanted = sequence.draft_limit or 0
+    if tree is not None and tree.num_nodes >= wanted:
+        return tree
+    return DraftTree.chain([FILLER_TOKEN] * wanted) if wanted else tree
+
+
+def measure_step_costs(
+    runner: ModelRunner, pool: KVPool, max_draft: int, lane_counts: tuple[int, ...], repeats: int
+) -> StepCosts | None:
+    assert runner.drafter is not None
+    draft_lengths = sorted({0, 1, max(max_draft // 2, 1), max_draft})
+    max_tokens = (repeats + 1) * sum(length + 1 for length in draft_lengths)  # every draft accepted
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    per_lane = pool.blocks_for(COST_PROMPT_TOKENS + max_tokens + runner.max_draft_nodes + 1)
+    seconds: dict[tuple[int, int], float] = {}
+    drafter = runner.drafter
+    runner.drafter = _PaddedDrafts(drafter)
+    try:
+        for num_lanes in lane_counts:
+            if num_lanes * per_lane > pool.allocator.num_free:
+                break
+            seconds.update(_measure_at(runner, pool, num_lanes, draft_lengths, params, repeats))
+    finally:
+        runner.drafter = drafter
+    return StepCosts(seconds) if seconds else None
+
+
+def _measure_at(
+    runner: ModelRunner, pool: KVPool, num_lanes: int, draft_lengths: list[int], params: SamplingParams, repeats: int
+) -> dict[tuple[int, int], float]:
+    sequences = [runner.start(f"cost-{i}", COST_PROMPT, params, pool=pool) for i in range(num_lanes)]
+    runner.step([LaneWork(sequence, sequence.num_to_prefill) for sequence in sequences])
+    times: dict[int, list[float]] = {length: [] for length in draft_lengths}
+    for round_index in range(repeats + 1):
+        for draft_length in draft_lengths:
+            for sequence in sequences:
+                sequence.draft_limit = draft_length
+            started = time.perf_counter()
+            runner.step([LaneWork(sequence) for sequence in sequences])
+            if round_index > 0:
+                times[draft_length].append(time.perf_counter() - started)
+    for sequence in sequences:
+        sequence.cache.release()
+    return {(num_lanes, length): statistics.median(measured) for length, measured in times.items()}
