@@ -184,7 +184,7 @@ async def replay_all(
 
 
 def build_report(config: AgentConfig, machine: dict, model_name: str, runs: dict[str, list[dict]]) -> dict:
-    modes = [{"mode": mode, "runs": runs[mode]} for mode in config.modes]
+    modes: list[dict] = [{"mode": mode, "runs": runs[mode]} for mode in config.modes]
     return {
         "benchmark": "agent",
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
