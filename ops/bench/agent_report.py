@@ -9,6 +9,7 @@ def agent_markdown(report: dict) -> str:
     settings = report["settings"]
     lines = [f"# arbor bench agent — {report['timestamp']}", "", _setup(report), ""]
     lines += ["## Per mode", "", _mode_table(report["modes"], report["over_none"]), ""]
+    lines += _sources(report["modes"])
     lines += ["## Per workload", "", _workload_table(report["modes"]), ""]
     lines += [
         "tok/fwd: completion tokens ÷ target forwards (the worker's counts, from each turn's "
@@ -63,6 +64,20 @@ def _mode_table(modes: list[dict], over_none: dict) -> str:
                 ]
             )
     return markdown_table(headers, rows)
+
+
+def _sources(modes: list[dict]) -> list[str]:
+    """One line per run that drafted: accepted of drafted tokens per draft source."""
+    lines = []
+    for mode in modes:
+        for run in mode["runs"]:
+            sources = run["speculation"]["sources"]
+            if sources:
+                parts = ", ".join(
+                    f"`{name}` {counts['accepted_tokens']}/{counts['draft_tokens']}" for name, counts in sources.items()
+                )
+                lines.append(f"- `{mode['mode']}` at {run['concurrency']} stream(s): accepted/drafted tokens {parts}")
+    return ["Draft sources:", "", *lines, ""] if lines else []
 
 
 def _workload_table(modes: list[dict]) -> str:

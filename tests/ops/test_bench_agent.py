@@ -63,6 +63,9 @@ def test_bench_agent_replays_every_workload_in_each_mode_with_the_workers_counts
     assert set(report["over_none"]["ngram"]) == {"1", "3"}
     markdown = (tmp_path / "agent.md").read_text()
     assert "| ngram | 3 | 10 | 0 |" in markdown and "| none | 3 | code | 4 |" in markdown
+    assert ("- `ngram` at 1 stream(s): accepted/drafted tokens `ngram`" in markdown) == bool(
+        ngram["runs"][0]["speculation"]["sources"]
+    )
 
 
 def test_bench_agent_refuses_an_unknown_workload_in_one_line(tmp_path, capsys):
