@@ -11,7 +11,7 @@ from typing import Protocol
 
 from gateway.openai_responses import PromptTokensDetails, UsageInfo
 from shared.openai_messages import ToolCall, ToolCallFunction
-from shared.protocol import DeltaEvent, FinalEvent, TokenLogprob, ToolCallDelta
+from shared.protocol import DeltaEvent, FinalEvent, FinalStats, TokenLogprob, ToolCallDelta
 
 
 @dataclass(slots=True)
@@ -42,6 +42,7 @@ class ChoiceState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    stats: FinalStats | None = None  # the worker's, from the final event
 
     def add_delta(self, event: DeltaEvent) -> None:
         self.text.append(event.text)
@@ -56,6 +57,7 @@ class ChoiceState:
         self.prompt_tokens = event.usage.prompt_tokens
         self.completion_tokens = event.usage.completion_tokens
         self.cached_tokens = event.usage.cached_tokens
+        self.stats = event.stats
 
     def tool_calls(self) -> list[ToolCall]:
         return [self.calls[index].tool_call() for index in sorted(self.calls)]

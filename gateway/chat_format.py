@@ -19,6 +19,7 @@ from gateway.openai_responses import (
     DeltaMessage,
     UsageInfo,
 )
+from gateway.speculation_usage import usage_of
 from shared.openai_schema import ChatCompletionRequest
 from shared.protocol import DeltaEvent, FinalEvent, TokenLogprob, ToolCallDelta
 
@@ -30,6 +31,7 @@ class ChatFormat:
         self._model = req.model
         self._num_choices = req.n
         self._include_usage = req.include_usage
+        self._speculation_stats = req.include_speculation_stats
         self._want_logprobs = req.logprobs
 
     def opening(self) -> list[ChatCompletionChunk]:
@@ -51,6 +53,9 @@ class ChatFormat:
             return None  # e.g. tokens of a think tag: nothing for the client
         return self._chunk([ChunkChoice(index=event.choice, delta=delta, logprobs=logprobs, finish_reason=None)])
 
+    def usage(self, outcome: Outcomes) -> UsageInfo:
+        return usage_of(outcome, self._speculation_stats)
+
     def usage_chunk(self, usage: UsageInfo) -> ChatCompletionChunk:
         return self._chunk([], usage)
 
@@ -62,7 +67,7 @@ class ChatFormat:
             created=self._created,
             model=self._model,
             choices=choices,
-            usage=outcome.usage(),
+            usage=self.usage(outcome),
         )
 
     def _chunk(self, choices: list[ChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gateway.accumulate import ChoiceState, Outcomes
 from gateway.openai_responses import Completion, CompletionChoice, CompletionLogprobs, UsageInfo
+from gateway.speculation_usage import usage_of
 from shared.openai_schema import CompletionRequest
 from shared.protocol import DeltaEvent, FinalEvent, TokenLogprob
 
@@ -18,6 +19,7 @@ class CompletionFormat:
         self._created = created
         self._model = req.model
         self._include_usage = req.include_usage
+        self._speculation_stats = req.include_speculation_stats
         self._want_logprobs = req.logprobs is not None
         self._text_offsets = [0] * (req.n * len(req.prompts()))  # characters streamed so far, per choice
 
@@ -35,13 +37,16 @@ class CompletionFormat:
         choice = CompletionChoice(index=event.choice, text=event.text, logprobs=logprobs, finish_reason=None)
         return self._completion([choice])
 
+    def usage(self, outcome: Outcomes) -> UsageInfo:
+        return usage_of(outcome, self._speculation_stats)
+
     def usage_chunk(self, usage: UsageInfo) -> Completion:
         return self._completion([], usage)
 
     def body(self, outcome: Outcomes) -> Completion:
         choices = [self._choice(i, state) for i, state in enumerate(outcome.choices)]
         body = self._completion(choices)
-        body.usage = outcome.usage()
+        body.usage = self.usage(outcome)
         return body
 
     def _completion(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> Completion:

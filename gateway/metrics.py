@@ -19,7 +19,9 @@ Read from Redis at scrape time (`fleet.FleetSnapshot`), labelled by model (and m
     arbor_lanes_busy, and counters summed over live heartbeats: arbor_worker_steps_total,
     arbor_worker_tokens_total, arbor_spec_drafts_total, arbor_spec_draft_tokens_total,
     arbor_spec_accepted_tokens_total, arbor_prefix_cache_hits_total,
-    arbor_prefix_cache_queries_total. (A worker that dies takes its totals with it; Prometheus
+    arbor_prefix_cache_queries_total, and the draft counters by draft source (label `source`:
+    mtp, ngram, ...): arbor_spec_source_drafts_total, arbor_spec_source_draft_tokens_total,
+    arbor_spec_source_accepted_tokens_total. (A worker that dies takes its totals with it; Prometheus
     reads the drop as a counter reset.) Acceptance length = 1 + accepted_tokens / drafts.
 """
 
@@ -32,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from shared.fleet import FleetSnapshot
+from shared.heartbeat import Heartbeat
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.4, 0.8, 1.6, 5, 20)
@@ -44,6 +47,13 @@ _WORKER_COUNTERS = {  # heartbeat field -> metric name (summed over live workers
     "accepted_tokens": ("arbor_spec_accepted_tokens", "Draft tokens accepted by the target"),
     "prefix_cache_hits": ("arbor_prefix_cache_hits", "Paired prefill cache hits"),
     "prefix_cache_queries": ("arbor_prefix_cache_queries", "Paired prefill cache lookups"),
+}
+
+
+_SOURCE_COUNTERS = {  # heartbeat draft_sources field -> metric name (summed over live workers)
+    "drafts": ("arbor_spec_source_drafts", "Speculative draft-verify cycles, by draft source"),
+    "draft_tokens": ("arbor_spec_source_draft_tokens", "Tokens proposed, by draft source"),
+    "accepted_tokens": ("arbor_spec_source_accepted_tokens", "Draft tokens accepted, by draft source"),
 }
 
 
@@ -141,6 +151,18 @@ def _worker_counters(snap: FleetSnapshot) -> Iterator[Metric]:
         family = CounterMetricFamily(name, doc, labels=["model", "speculation"])
         for (model, mode), group in groups:
             family.add_metric([model, mode], sum(getattr(beat, field) for beat in group))
+        yield family
+    yield from _source_counters(groups)
+
+
+def _source_counters(groups: list[tuple[tuple[str, str], list[Heartbeat]]]) -> Iterator[Metric]:
+    for field, (name, doc) in _SOURCE_COUNTERS.items():
+        family = CounterMetricFamily(name, doc, labels=["model", "speculation", "source"])
+        for (model, mode), group in groups:
+            sources = sorted({source for beat in group for source in beat.draft_sources})
+            for source in sources:
+                total = sum(beat.draft_sources.get(source, {}).get(field, 0) for beat in group)
+                family.add_metric([model, mode, source], total)
         yield family
 
 

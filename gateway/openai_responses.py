@@ -19,11 +19,31 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int  # prompt tokens served from the prefill cache
 
 
+class DraftSourceUsage(BaseModel):
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+
+
+class SpeculationUsage(BaseModel):
+    """What speculative decoding did for one request (`include_speculation_stats`), summed over its choices."""
+
+    mode: str | None  # the worker's speculation mode
+    target_forwards: int  # decode forwards of the target model
+    drafts: int  # forwards that verified a non-empty draft
+    draft_tokens: int
+    accepted_tokens: int
+    tokens_per_forward: float | None  # completion tokens ÷ target forwards
+    acceptance_rate: float | None  # accepted ÷ draft tokens
+    sources: dict[str, DraftSourceUsage]  # the same counts per draft source (mtp, ngram, ...)
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    speculation: SpeculationUsage | None = None  # only when asked: include_speculation_stats
 
 
 class ChatLogprobs(BaseModel):

@@ -11,11 +11,12 @@ since `started_at`, so the gateway can sum them across workers into Prometheus c
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # A Redis hash's field names: str with decode_responses, bytes without (redis-py types them both).
 _Field = TypeVar("_Field", bound=bytes | str)
@@ -37,6 +38,9 @@ class Heartbeat(BaseModel):
     drafts: int = 0  # speculative draft->verify cycles
     draft_tokens: int = 0  # tokens proposed by the drafter
     accepted_tokens: int = 0  # draft tokens the target accepted
+    # The same three per draft source (mtp, ngram, ...): {source: {"drafts", "draft_tokens",
+    # "accepted_tokens"}}; one JSON field of the hash
+    draft_sources: dict[str, dict[str, int]] = Field(default_factory=dict)
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
     started_at: float  # unix s
@@ -46,12 +50,14 @@ class Heartbeat(BaseModel):
         fields = self.model_dump()
         fields["ready"] = "1" if self.ready else "0"
         fields["aliases"] = ",".join(self.aliases)
+        fields["draft_sources"] = json.dumps(self.draft_sources, separators=(",", ":"))
         return {name: str(value) for name, value in fields.items()}
 
     @classmethod
     def from_fields(cls, fields: Mapping[_Field, bytes | str]) -> Heartbeat:
         raw: dict[str, object] = {_text(k): _text(v) for k, v in fields.items()}
         raw["aliases"] = tuple(name for name in str(raw.get("aliases", "")).split(",") if name)
+        raw["draft_sources"] = json.loads(str(raw.get("draft_sources") or "{}"))  # absent from older workers
         return cls.model_validate(raw)
 
     def serves(self, model: str) -> bool:

@@ -146,6 +146,7 @@ class _GenerationRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
+    include_speculation_stats: bool = False  # Arbor's: `usage.speculation`, what drafting did for this request
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is kept
     min_tokens: int | None = Field(None, ge=0)  # vLLM's: tokens before EOS, stop tokens or stop strings may end it
     logit_bias: dict[str, float] | None = None

@@ -190,6 +190,8 @@ class FinalStats(BaseModel):
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # {source: {"drafts", "draft_tokens", "accepted_tokens"}}: the three above by draft source
+    draft_sources: dict[str, dict[str, int]] = Field(default_factory=dict)
     queue_s: float | None = None  # job created -> worker picked it up
     prefill_s: float | None = None
     decode_s: float | None = None

@@ -170,7 +170,7 @@ async def _stream(gen: Generation | GenerationBatch, fmt: Format, include_usage:
         async for batch in gen.batches():
             data = b"".join(sse_data(chunk) for chunk in map(fmt.chunk, batch) if chunk is not None)
             if gen.finished:
-                usage = sse_data(fmt.usage_chunk(gen.outcome.usage())) if include_usage else b""
+                usage = sse_data(fmt.usage_chunk(fmt.usage(gen.outcome))) if include_usage else b""
                 data += usage + DONE
             if data:
                 yield data

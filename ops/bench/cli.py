@@ -1,4 +1,5 @@
-"""`arbor bench decode|serving|owner|pool`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
+"""`arbor bench decode|serving|agent|owner|pool|...`: the parsers. Torch-free, so `arbor` builds its parser
+without torch."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def add_bench_parser(subparsers) -> None:
     commands = parser.add_subparsers(dest="bench_command", required=True)
     _add_decode_parser(commands)
     _add_serving_parser(commands)
+    _add_agent_parser(commands)
     _add_owner_parser(commands)
     _add_pool_parser(commands)
     _add_numerics_parser(commands)
@@ -143,6 +145,34 @@ def _add_serving_parser(commands) -> None:
     parser.set_defaults(handler=_run_serving)
 
 
+def _add_agent_parser(commands) -> None:
+    parser = commands.add_parser(
+        "agent", help="multi-turn agent workloads (tool calls, JSON extraction, code edits) per speculation mode"
+    )
+    parser.add_argument(
+        "--speculation", type=_speculation_modes, default=["none", "mtp"], help="modes, comma-separated (none,mtp)"
+    )
+    parser.add_argument("--streams", default="1,16", help="concurrent conversations per run (default 1,16)")
+    parser.add_argument(
+        "--conversations-per-stream", type=int, default=3, help="conversations each stream replays (default 3)"
+    )
+    parser.add_argument("--workloads", default="tools,extract,code", help="which, comma-separated (all three)")
+    parser.add_argument("--seed", type=int, default=0, help="the workloads' seed (default 0)")
+    parser.add_argument("--call-tokens", type=int, default=192, help="max_tokens of a forced tool call")
+    parser.add_argument("--answer-tokens", type=int, default=96, help="max_tokens of a text answer")
+    parser.add_argument("--extract-tokens", type=int, default=160, help="max_tokens of a JSON answer")
+    parser.add_argument("--records", type=int, default=6, help="records (user turns) per extraction conversation")
+    parser.add_argument("--file-chars", type=int, default=1500, help="characters of each standard-library excerpt")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy: every mode replays the same")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp, dflash or tree")
+    parser.add_argument("--worker-threads", type=int, default=None, help="torch threads of the worker")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the worker to load")
+    parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one (mode, streams) run may take")
+    _add_common(parser)
+    parser.set_defaults(handler=_run_agent)
+
+
 def _add_owner_parser(commands) -> None:
     parser = commands.add_parser("owner", help="the worker's own cost per token beyond the model, in process")
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
@@ -242,6 +272,12 @@ def _run_serving(args: argparse.Namespace) -> int:
     from ops.bench.serving import run_serving_command
 
     return run_serving_command(args if args.base_url else _default_model_as_none(args))
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from ops.bench.agent import run_agent_command
+
+    return run_agent_command(_default_model_as_none(args))
 
 
 def _run_owner(args: argparse.Namespace) -> int:

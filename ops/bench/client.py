@@ -182,7 +182,7 @@ async def stream_chat(client: SseClient, body: dict, api: str = "chat") -> Reque
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {(await response.read()).decode()[:200]}"
                 return record
-            async for data in _sse_chunks(response.body()):
+            async for data in sse_events(response.body()):
                 event = read_event(api, None if data is DONE else data)
                 if event.error is not None:
                     record.error = f"stream error: {event.error}"
@@ -205,7 +205,7 @@ async def stream_chat(client: SseClient, body: dict, api: str = "chat") -> Reque
 DONE: dict[str, Any] = {}  # stands for `data: [DONE]`
 
 
-async def _sse_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[dict]:
+async def sse_events(body: AsyncIterator[bytes]) -> AsyncIterator[dict]:
     """Each event's `data: {json}`, parsed, and DONE for `data: [DONE]`; an `event:` line may come
     first (Anthropic's), and the space after `data:` and CRLF line ends are optional in SSE."""
     buffer = b""

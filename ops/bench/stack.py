@@ -42,6 +42,7 @@ class Stack:
         worker_threads: int | None,
         ready_timeout_s: float,
         max_workers: int = 1,
+        prefill_cache_bytes: int | None = 0,  # None: the worker's own default
     ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
@@ -53,6 +54,7 @@ class Stack:
         self._worker_threads = worker_threads
         self._max_workers = max_workers  # they split the machine's cores (worker/thread_count.py)
         self._ready_timeout_s = ready_timeout_s
+        self._prefill_cache_bytes = prefill_cache_bytes
         self._redis: EmbeddedRedis | None = None
         self._gateway: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -68,8 +70,10 @@ class Stack:
         return self
 
     def add_workers(self, count: int) -> None:
-        # the prefill cache off: repeated prompts must not become cache hits
-        argv = ["worker", "--speculation", self.speculation, "--prefill-cache-bytes", "0", *self._model_argv]
+        # by default the prefill cache off: repeated prompts must not become cache hits
+        argv = ["worker", "--speculation", self.speculation, *self._model_argv]
+        if self._prefill_cache_bytes is not None:
+            argv += ["--prefill-cache-bytes", str(self._prefill_cache_bytes)]
         for _ in range(count):
             self.workers.append(self._spawn(argv, f"worker-{len(self.workers) + 1}{self._log_suffix}"))
         self._wait_ready(len(self.workers))

@@ -84,6 +84,7 @@ class Counters:
     accepted_tokens: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    draft_sources: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass

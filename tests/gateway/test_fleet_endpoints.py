@@ -172,3 +172,20 @@ def test_openapi_describes_the_request_models(gateway: GatewayServer) -> None:
     assert "prompt" in schemas["CompletionRequest"]["properties"]
     ref = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert ref.rsplit("/", 1)[-1] in schemas
+
+
+def test_metrics_sum_each_draft_source_across_workers(gateway: GatewayServer, make_peer) -> None:
+    mtp_only = {"mtp": {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 7}}
+    both = mtp_only | {"suffix": {"drafts": 2, "draft_tokens": 9, "accepted_tokens": 8}}
+    make_peer(worker_id="a", counters=Counters(draft_sources=mtp_only))
+    make_peer(worker_id="b", counters=Counters(draft_sources=both))
+
+    text = gateway.http().get("/metrics").text
+
+    mtp = {"model": MODEL, "source": "mtp", "speculation": "mtp"}
+    suffix = mtp | {"source": "suffix"}
+    assert _sample(text, "arbor_spec_source_drafts_total", **mtp) == 8
+    assert _sample(text, "arbor_spec_source_draft_tokens_total", **mtp) == 24
+    assert _sample(text, "arbor_spec_source_accepted_tokens_total", **mtp) == 14
+    assert _sample(text, "arbor_spec_source_draft_tokens_total", **suffix) == 9
+    assert _sample(text, "arbor_spec_source_accepted_tokens_total", **suffix) == 8

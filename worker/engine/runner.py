@@ -318,7 +318,8 @@ class ModelRunner:
         work.observed = self._observe(sequence, committed, start, out, kept, next_token=verdict.emitted[-1])
         if work.observed is not None:
             work.observed.drafting = sequence.draft_limit != 0
-        sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
+        source = tree.source or (self.drafter.name if self.drafter is not None else "")
+        sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted), source)
         work.emitted = emitted
         work.num_accepted = len(verdict.accepted_nodes)
         last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else ROOT

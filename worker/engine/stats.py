@@ -12,6 +12,32 @@ from typing import Any
 
 
 @dataclass(slots=True)
+class SourceCounts:
+    """What one draft source proposed and the target accepted (a source: the tree's `source`,
+    the drafter's name unless the drafter said otherwise)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def add(self, drafts: int, draft_tokens: int, accepted_tokens: int) -> None:
+        self.drafts += drafts
+        self.draft_tokens += draft_tokens
+        self.accepted_tokens += accepted_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens}
+
+
+def add_to_source(
+    by_source: dict[str, SourceCounts], source: str, drafts: int, draft_tokens: int, accepted: int
+) -> None:
+    """Count a step's drafts under `source`; a step that drafted nothing counts nowhere."""
+    if draft_tokens:
+        by_source.setdefault(source, SourceCounts()).add(drafts, draft_tokens, accepted)
+
+
+@dataclass(slots=True)
 class SpecStats:
     target_forwards: int = 0
     drafts: int = 0  # draft trees or chains proposed (a drafter may propose nothing)
@@ -19,6 +45,8 @@ class SpecStats:
     accepted_tokens: int = 0  # nodes accepted
     generated_tokens: int = 0  # tokens emitted by decode forwards (accepted + one bonus each)
     accepted_per_depth: list[int] = field(default_factory=list)  # [d] = accepted nodes at depth d+1
+    by_source: dict[str, SourceCounts] = field(default_factory=dict)  # drafts, draft and accepted tokens per source
+    last_source: str = ""  # the source of the latest step's draft ("" when it drafted nothing)
     prefill_tokens: int = 0
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -37,8 +65,10 @@ class SpecStats:
         """1 + accepted / drafts, as vLLM reports it."""
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
 
-    def record_step(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
+    def record_step(self, num_draft_tokens: int, num_accepted: int, num_emitted: int, source: str = "") -> None:
         self.target_forwards += 1
+        self.last_source = source if num_draft_tokens else ""
+        add_to_source(self.by_source, source, 1, num_draft_tokens, num_accepted)
         self.drafts += 1 if num_draft_tokens else 0
         self.draft_tokens += num_draft_tokens
         self.accepted_tokens += num_accepted
@@ -66,6 +96,8 @@ class SpecStats:
                 self.accepted_per_depth[depth] += count
             else:
                 self.accepted_per_depth.append(count)
+        for source, counts in other.by_source.items():
+            add_to_source(self.by_source, source, counts.drafts, counts.draft_tokens, counts.accepted_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +106,7 @@ class SpecStats:
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "accepted_per_depth": list(self.accepted_per_depth),
+            "draft_sources": {source: counts.to_dict() for source, counts in self.by_source.items()},
             "tokens_per_forward": round(self.tokens_per_forward, 4),
             "acceptance_length": round(self.acceptance_length, 4),
             "prefill_tokens": self.prefill_tokens,

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.heartbeat import Heartbeat
+from worker.engine.stats import SourceCounts
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class WorkerCounters:
     kv_blocks_total: int = 0
     draft_length: int = 0  # adaptive speculation's choice for the last decode step
     lanes_speculating: int = 0  # lanes of the last decode step that drafted
+    by_source: dict[str, SourceCounts] = field(default_factory=dict)  # drafts per draft source (DraftTree.source)
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,6 +69,7 @@ def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, l
         drafts=counters.drafts,
         draft_tokens=counters.draft_tokens,
         accepted_tokens=counters.accepted_tokens,
+        draft_sources={source: counts.to_dict() for source, counts in list(counters.by_source.items())},
         prefix_cache_hits=counters.prefix_cache_hits,
         prefix_cache_queries=counters.prefix_cache_queries,
         started_at=identity.started_at,

@@ -49,6 +49,7 @@ class WorkerCollector:
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)
             yield family
+        yield from _by_source(labels, values, c)
         by_position = CounterMetricFamily(
             "arbor_worker_spec_accepted_by_position",
             "Drafts whose token at this position (1-based) was accepted",
@@ -86,6 +87,23 @@ class WorkerCollector:
             values,
             self.publish_interval_s(),
         )
+
+
+_SOURCE_COUNTERS = (  # SourceCounts field -> metric; their sums over sources are the counters above
+    ("drafts", "arbor_worker_spec_source_drafts", "Draft-verify cycles with a non-empty draft, by draft source"),
+    ("draft_tokens", "arbor_worker_spec_source_draft_tokens", "Draft tokens proposed, by draft source"),
+    ("accepted_tokens", "arbor_worker_spec_source_accepted_tokens", "Draft tokens accepted, by draft source"),
+)
+
+
+def _by_source(labels: list[str], values: list[str], counters: WorkerCounters) -> Iterator[Metric]:
+    """The draft counters split by where each draft came from (the tree's `source`: mtp, ngram, ...)."""
+    sources = sorted(dict(counters.by_source).items())  # a copy first: the owner thread may add a source
+    for field, name, doc in _SOURCE_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=[*labels, "source"])
+        for source, counts in sources:
+            family.add_metric([*values, source], getattr(counts, field))
+        yield family
 
 
 def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> GaugeMetricFamily:

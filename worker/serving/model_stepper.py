@@ -35,7 +35,7 @@ from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
 from worker.engine.runner import GRAMMAR_SOURCE, MAX_FORCED_DRAFT, LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
-from worker.engine.stats import SpecStats
+from worker.engine.stats import SpecStats, add_to_source
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
 from worker.models.kv_pool import KVPool
@@ -328,6 +328,7 @@ class ModelStepper:
         counters.draft_tokens += stats.draft_tokens - before[1]
         counters.accepted_tokens += stats.accepted_tokens - before[2]
         _count_by_position(counters.accepted_by_position, stats.accepted_tokens - before[2])
+        add_to_source(counters.by_source, stats.last_source, *(n - b for n, b in zip(_spec_counts(state), before)))
 
     def force_tokens(self, state: LaneState, token_ids: list[int]) -> list[int]:
         """Append tokens the model did not choose (a forced close tag); they are prefilled next turn."""

@@ -471,6 +471,7 @@ class Owner:
             drafts=stats.drafts,
             draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens,
+            draft_sources={source: counts.to_dict() for source, counts in stats.by_source.items()},
             queue_s=round(max(spec.picked_at - spec.created, 0.0), 6),
             prefill_s=round(stats.prefill_s, 6),
             decode_s=round(stats.decode_s, 6),

@@ -19,6 +19,9 @@ class DraftTree:
     tokens: list[int]
     parents: list[int]  # ROOT for children of the root; otherwise an earlier node index
     depths: list[int]  # 1 for children of the root
+    # Where the guesses came from, for the per-source counters (`/metrics`, per-request stats);
+    # "" stands for the worker's drafter (its `name`, which is the speculation mode's).
+    source: str = ""
     _child_index: dict[tuple[int, int], int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -42,8 +45,8 @@ class DraftTree:
             raise ValueError(f"tokens[{i}]={token} repeats a sibling under parent {parent}")
 
     @classmethod
-    def chain(cls, tokens: Sequence[int]) -> DraftTree:
-        return cls(list(tokens), list(range(ROOT, len(tokens) - 1)), list(range(1, len(tokens) + 1)))
+    def chain(cls, tokens: Sequence[int], source: str = "") -> DraftTree:
+        return cls(list(tokens), list(range(ROOT, len(tokens) - 1)), list(range(1, len(tokens) + 1)), source)
 
     @property
     def num_nodes(self) -> int:
@@ -53,7 +56,7 @@ class DraftTree:
         """The first `num_nodes` nodes: still a tree (topological order), the drafter's best first."""
         if num_nodes >= self.num_nodes:
             return self
-        return DraftTree(self.tokens[:num_nodes], self.parents[:num_nodes], self.depths[:num_nodes])
+        return DraftTree(self.tokens[:num_nodes], self.parents[:num_nodes], self.depths[:num_nodes], self.source)
 
     @property
     def is_chain(self) -> bool:
