@@ -244,11 +244,10 @@ class ModelRunner:
             return
         if not work.proposed and len(work.forced) < 2:
             work.tree = self._propose(sequence)
-        if work.tree.num_nodes and self.drafter is not None:
-            source_of = getattr(self.drafter, "source_of", None)  # a drafter of several sources names the step's
-            work.source = source_of(sequence.drafter_state) if source_of else self.drafter.name
         if work.forced and not _starts_with(work.tree, work.forced):
-            work.tree, work.source = DraftTree.chain(work.forced), GRAMMAR_SOURCE
+            work.tree = DraftTree.chain(work.forced, GRAMMAR_SOURCE)
+        if work.tree.num_nodes:  # a drafter of several sources names each tree's
+            work.source = work.tree.source or getattr(self.drafter, "name", "")
         token_ids, positions, mask = tree_inputs(sequence, work.tree)
         sequence.cache.reserve(start + len(token_ids))
         work.rows = LaneRows(token_ids, positions, sequence.cache, mask, None)
@@ -318,8 +317,7 @@ class ModelRunner:
         work.observed = self._observe(sequence, committed, start, out, kept, next_token=verdict.emitted[-1])
         if work.observed is not None:
             work.observed.drafting = sequence.draft_limit != 0
-        source = tree.source or (self.drafter.name if self.drafter is not None else "")
-        sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted), source)
+        sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted), work.source)
         work.emitted = emitted
         work.num_accepted = len(verdict.accepted_nodes)
         last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else ROOT
