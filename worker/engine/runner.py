@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
+from worker.drafters.base import Drafter, TargetStates, learns_from_outputs, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
@@ -290,6 +290,8 @@ class ModelRunner:
             work.observed.drafting = sequence.draft_limit != 0
         sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
         work.emitted = emitted
+        if sequence.finished and learns_from_outputs(self.drafter):
+            self.drafter.finish(sequence.drafter_state, sequence)
 
     def _account(self, work: LaneWork, started: float, drafted: float) -> None:
         """The step's time, to each of its sequences: what each waited for its tokens."""
