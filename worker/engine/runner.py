@@ -290,7 +290,13 @@ class ModelRunner:
             work.observed.drafting = sequence.draft_limit != 0
         sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted))
         work.emitted = emitted
-        if sequence.finished and learns_from_outputs(self.drafter):
+        if sequence.finished:
+            self.finished(sequence)
+
+    def finished(self, sequence: Sequence) -> None:
+        """`sequence` just got its finish reason (here, or a stop string in the text pipeline): a
+        drafter that learns from outputs (suffix decoding) takes its output."""
+        if learns_from_outputs(self.drafter):
             self.drafter.finish(sequence.drafter_state, sequence)
 
     def _account(self, work: LaneWork, started: float, drafted: float) -> None:

@@ -15,6 +15,7 @@ from worker.drafters.suffix import SuffixDrafter, SuffixOptions
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.models.loader import LoadedModel, load_model
+from worker.serving.model_stepper import LaneStart, ModelStepper
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, top_p=0.9, seed=11)
@@ -139,3 +140,15 @@ def test_the_replay_helper_measures_more_tokens_per_forward_with_suffix_drafts()
     assert plain.tokens_per_forward == 1.0
     assert suffix.generated_tokens == plain.generated_tokens
     assert suffix.tokens_per_forward > 1.3  # the repeated requests are drafted from the first answers
+
+
+def test_a_request_a_stop_string_ends_teaches_the_worker_tree_too():
+    drafter = SuffixDrafter()
+    stepper = ModelStepper(runner_with(drafter))
+    state = stepper.start(LaneStart("stopped", [30, 31, 32], GREEDY))
+    while stepper.num_to_prefill(state):
+        stepper.prefill(state, 8)
+    emitted = stepper.decode(state) + stepper.decode(state)
+    stepper.stop(state)  # as the text pipeline does on a stop string
+    assert "stopped" in drafter.global_tree
+    assert drafter.global_tree.find(emitted) is not None
