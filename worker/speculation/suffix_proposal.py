@@ -73,7 +73,9 @@ def best_first(
     """The `max_nodes` most probable paths after `start` (at most `max_depth` deep, each at least
     `min_prob` likely), as a tree in the order found (a parent before its children: a child is
     never likelier than its parent), and the sum of their probabilities."""
-    draft = DraftTree([], [], [])
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
     heap: list[tuple[float, int, int, Position, int]] = []  # (-path probability, tie-break, token, position, parent)
     order = itertools.count()  # ties go to the path found first
     score = 0.0
@@ -85,11 +87,13 @@ def best_first(
                 heapq.heappush(heap, (-prob, next(order), token, after, parent))
 
     push(start, ROOT, 1.0)
-    while heap and draft.num_nodes < max_nodes:
+    while heap and len(tokens) < max_nodes:
         neg_prob, _, token, position, parent = heapq.heappop(heap)
-        depth = 1 if parent == ROOT else draft.depths[parent] + 1
-        draft._append_node(token, parent, depth)
+        depth = 1 if parent == ROOT else depths[parent] + 1
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(depth)
         score -= neg_prob
         if depth < max_depth:
-            push(position, draft.num_nodes - 1, -neg_prob)
-    return draft, score
+            push(position, len(tokens) - 1, -neg_prob)
+    return DraftTree(tokens, parents, depths), score
