@@ -35,14 +35,23 @@ from worker.speculation.tree import ROOT, DraftTree
 @dataclass(slots=True, frozen=True)
 class SuffixProposal:
     tree: DraftTree
-    score: float  # draft tokens the target is expected to accept (the tree's frequencies)
+    node_probs: list[float]  # each node's path probability, in tree order (best first)
     match_length: int  # tokens of the request's tail the tree matched
     source: str  # "request" (its own prompt and output) or "global" (recent outputs of all requests)
+
+    @property
+    def score(self) -> float:
+        """Draft tokens the target is expected to accept, by the tree's frequencies."""
+        return sum(self.node_probs)
 
     @property
     def expected_tokens(self) -> float:
         """Tokens the verifying forward is expected to emit: the accepted drafts and one of its own."""
         return 1.0 + self.score
+
+    def expected_tokens_within(self, num_nodes: int) -> float:
+        """The same for the tree cut to its first `num_nodes` nodes (`DraftTree.truncated`)."""
+        return 1.0 + sum(self.node_probs[:num_nodes])
 
 
 def max_draft_depth(match_length: int, max_nodes: int, spec_factor: float) -> int:
@@ -63,22 +72,22 @@ def draft_from(
     depth = min(depth, tree.max_depth - kept)
     position = tree.find(match[len(match) - kept :])
     assert position is not None, "a suffix of a match is in the tree"
-    draft, score = best_first(tree, position, max_nodes, depth, min_prob)
-    return SuffixProposal(draft, score, len(match), source) if draft.num_nodes else None
+    draft, node_probs = best_first(tree, position, max_nodes, depth, min_prob)
+    return SuffixProposal(draft, node_probs, len(match), source) if draft.num_nodes else None
 
 
 def best_first(
     tree: SuffixTree, start: Position, max_nodes: int, max_depth: int, min_prob: float
-) -> tuple[DraftTree, float]:
+) -> tuple[DraftTree, list[float]]:
     """The `max_nodes` most probable paths after `start` (at most `max_depth` deep, each at least
     `min_prob` likely), as a tree in the order found (a parent before its children: a child is
-    never likelier than its parent), and the sum of their probabilities."""
+    never likelier than its parent), and their probabilities."""
     tokens: list[int] = []
     parents: list[int] = []
     depths: list[int] = []
     heap: list[tuple[float, int, int, Position, int]] = []  # (-path probability, tie-break, token, position, parent)
     order = itertools.count()  # ties go to the path found first
-    score = 0.0
+    probs: list[float] = []
 
     def push(position: Position, parent: int, parent_prob: float) -> None:
         for token, after, share in tree.continuations(position):
@@ -93,7 +102,7 @@ def best_first(
         tokens.append(token)
         parents.append(parent)
         depths.append(depth)
-        score -= neg_prob
+        probs.append(-neg_prob)
         if depth < max_depth:
             push(position, len(tokens) - 1, -neg_prob)
-    return DraftTree(tokens, parents, depths), score
+    return DraftTree(tokens, parents, depths), probs

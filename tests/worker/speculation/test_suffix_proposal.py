@@ -27,6 +27,8 @@ def test_docstring_example(tree):
     assert (proposal.tree.tokens, proposal.tree.parents) == ([A, D, B], [ROOT, 0, ROOT])
     assert proposal.score == pytest.approx(0.6 + 0.6 + 0.3)
     assert proposal.expected_tokens == pytest.approx(2.5)
+    assert proposal.node_probs == pytest.approx([0.6, 0.6, 0.3])
+    assert proposal.expected_tokens_within(1) == pytest.approx(1.6)  # the tree cut to its best node
     assert (proposal.match_length, proposal.source) == (1, "global")
 
 
