@@ -44,7 +44,9 @@ def add_up_parser(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--speculation", default=None, help="none|mtp|dflash|tree|ngram (default: SPECULATION or mtp)")
+    parser.add_argument(
+        "--speculation", default=None, help="none|mtp|dflash|tree|ngram|suffix (default: SPECULATION or mtp)"
+    )
     parser.add_argument("--draft", default=None)
     parser.add_argument(
         "--served-model-name", default=None, help="name,alias,... clients may send as model (ARBOR_SERVED_MODEL_NAME)"

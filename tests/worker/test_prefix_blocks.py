@@ -73,7 +73,7 @@ def assert_no_failures(outputs) -> None:
     assert not failed, f"lanes failed: {failed}"
 
 
-@pytest.mark.parametrize("mode", ["none", "mtp", "ngram"])
+@pytest.mark.parametrize("mode", ["none", "mtp", "ngram", "suffix"])
 def test_a_shared_system_prompt_is_served_from_shared_blocks_with_identical_output(mode):
     family = "qwen3"
     lanes = shared_prefix_lanes(family, num=6)

@@ -75,6 +75,17 @@ class PrefixDrafter(Drafter, Protocol):
         """
 
 
+class LearningDrafter(Drafter, Protocol):
+    """A drafter that learns from finished requests (suffix decoding: recent outputs of all requests)."""
+
+    def finish(self, state: Any, sequence: Sequence) -> None:
+        """`sequence` just finished (the runner set its finish reason); its output is final."""
+
+
+def learns_from_outputs(drafter: Drafter | None) -> TypeGuard[LearningDrafter]:
+    return hasattr(drafter, "finish")
+
+
 def reuses_prefixes(drafter: Drafter) -> TypeGuard[PrefixDrafter]:
     return hasattr(drafter, "export_prefix") and hasattr(drafter, "import_prefix")
 

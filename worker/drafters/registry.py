@@ -20,12 +20,18 @@ DEFAULT_SPECULATION = "mtp"
 class DraftOptions:
     draft: Path | None = None  # a drafter checkpoint; None = look in the target checkpoint / bundled drafters
     num_draft: int | None = None  # chain length; None = the mode's default (mtp/ngram 3, dflash block_size - 1)
-    tree_budget: int = 8  # nodes in a best-first tree
+    tree_budget: int = 8  # nodes in a best-first tree (tree) or a suffix draft (suffix, unless num_draft is set)
     tree_top_k: int = 4  # candidates per depth the tree policy may branch into
 
 
 def _ngram(model: LoadedModel, options: DraftOptions) -> Drafter:
     return PromptLookupDrafter(num_draft=options.num_draft or 3)
+
+
+def _suffix(model: LoadedModel, options: DraftOptions) -> Drafter:
+    from worker.drafters.suffix import SuffixDrafter, SuffixOptions
+
+    return SuffixDrafter(SuffixOptions(max_nodes=options.num_draft or options.tree_budget))
 
 
 def _mtp(model: LoadedModel, options: DraftOptions) -> Drafter:
@@ -51,6 +57,7 @@ DRAFTERS: dict[str, Callable[[LoadedModel, DraftOptions], Drafter]] = {
     "dflash": _dflash,
     "tree": _tree,
     "ngram": _ngram,
+    "suffix": _suffix,
 }
 
 

@@ -39,5 +39,6 @@ def generate(
         pieces += [text_output.add([token]) for token in runner.decode_step(sequence)]
         if text_output.stopped:
             sequence.finish_reason = "stop"
+            runner.finished(sequence)
     pieces.append(text_output.finish())
     return GenerationResult("".join(pieces), sequence.output_ids, sequence.finish_reason or "stop", sequence.stats)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
+from worker.drafters.base import Drafter, TargetStates, learns_from_outputs, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
 from worker.engine.logits_processing import make_generator
 from worker.engine.sequence import Sequence
@@ -322,6 +322,14 @@ class ModelRunner:
         work.num_accepted = len(verdict.accepted_nodes)
         last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else ROOT
         work.offered_next = last in tree.parents
+        if sequence.finished:
+            self.finished(sequence)
+
+    def finished(self, sequence: Sequence) -> None:
+        """`sequence` just got its finish reason (here, or a stop string in the text pipeline): a
+        drafter that learns from outputs (suffix decoding) takes its output."""
+        if learns_from_outputs(self.drafter):
+            self.drafter.finish(sequence.drafter_state, sequence)
 
     def _account(self, work: LaneWork, started: float, drafted: float) -> None:
         """The step's time, to each of its sequences: what each waited for its tokens."""

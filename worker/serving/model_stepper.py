@@ -339,11 +339,13 @@ class ModelStepper:
         self.counters.tokens += len(forced)
         if len(sequence.output_ids) >= sequence.params.max_tokens:
             sequence.finish_reason = "length"
+            self.runner.finished(sequence)
         return forced
 
     def stop(self, state: LaneState) -> None:
         """A stop string ended the text: the lane is finished."""
         state.sequence.finish_reason = "stop"
+        self.runner.finished(state.sequence)
 
     def _reuse_prefix(self, state: LaneState) -> None:
         cache, sequence = self.prefix_cache, state.sequence

@@ -3,7 +3,7 @@
 Tiny random Qwen3 and Llama targets in float64 (so a tree forward and a chain forward cannot
 disagree on an argmax through rounding), random drafters in the real formats (MTP inside the
 target checkpoint, DFlash as a separate folder), prompts that include self-repeating ones so
-that n-gram drafts get accepted.
+that n-gram and suffix drafts get accepted.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
 
-MODES = ("none", "mtp", "dflash", "tree", "ngram")
+MODES = ("none", "mtp", "dflash", "tree", "ngram", "suffix")
 FAMILIES = ("qwen3", "llama")
 NUM_PROMPTS = 10  # per family, 64 tokens each; the slow variant runs 40
 PREFILL_CHUNK = 7  # small, so drafters also see prefills arrive in several chunks
@@ -150,9 +150,10 @@ def test_greedy_tokens_equal_plain_decoding(family, mode):
     assert stats.target_forwards <= stats.generated_tokens <= stats.accepted_tokens + stats.target_forwards
 
 
+@pytest.mark.parametrize("mode", ["ngram", "suffix"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_ngram_drafts_are_accepted_on_self_repeating_prompts(family):
-    _, stats = outputs(family, "ngram", "greedy", NUM_PROMPTS)
+def test_lookup_drafts_are_accepted_on_self_repeating_prompts(family, mode):
+    _, stats = outputs(family, mode, "greedy", NUM_PROMPTS)
     assert stats.accepted_tokens > 0
     assert stats.tokens_per_forward > 1.0
 
@@ -257,7 +258,7 @@ def test_greedy_tokens_equal_plain_decoding_many_prompts(family, mode):
     assert_same_tokens(expected, got, mode)
 
 
-@pytest.mark.parametrize("mode", ["none", "ngram"])
+@pytest.mark.parametrize("mode", ["none", "ngram", "suffix"])
 def test_a_json_mode_sequence_resumed_after_a_crash_goes_on_as_if_uninterrupted(mode):
     """Crash recovery replays the tokens a dead worker emitted as `resumed_ids`: the JSON state is
     rebuilt from them, so the rest is what the uninterrupted run wrote."""

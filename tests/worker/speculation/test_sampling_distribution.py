@@ -2,15 +2,17 @@
 
 A small-vocabulary target (16 tokens) lets the test enumerate the exact marginal distribution of
 each of the first three generated tokens under the request's processing (temperature, top-p).
-Plain, chain and tree sampling are then each checked against it with a chi-square test; a
-control shows the sample size detects a 5% shift of probability mass. The drafts come from the
-target's own distributions (greedy path, top-4 per depth), so they are accepted often but not
-always, and both the accept and the reject branch of every walk get exercised.
+Plain, chain, tree and suffix-decoding sampling are then each checked against it with a
+chi-square test; a control shows the sample size detects a 5% shift of probability mass. The
+drafts come from the target's own distributions (greedy path, top-4 per depth; for suffix
+decoding, a tree of outputs sampled from them), so they are accepted often but not always, and
+both the accept and the reject branch of every walk get exercised.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
 from worker.drafters.base import TargetStates
+from worker.drafters.suffix import SuffixDrafter, SuffixOptions
 from worker.engine.logits_processing import process_logits
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
@@ -120,7 +123,25 @@ class TableDrafter:
         return 0
 
 
-def sample_outputs(model: LoadedModel, drafter: TableDrafter | None) -> list[list[int]]:
+def suffix_drafter(table: Table) -> SuffixDrafter:
+    """Suffix decoding whose tree of recent outputs holds 200 answers sampled from the target's
+    exact distributions (prompt token in front, so the request's tail matches them): frequency-
+    scored trees that are right often, not always. Finished samples join the tree as they come."""
+    drafter = SuffixDrafter(SuffixOptions(max_nodes=8, spec_factor=3.0, min_prob=0.02))
+    rng = random.Random(0)
+    for index in range(200):
+        prefix: tuple[int, ...] = ()
+        while prefix in table:
+            prefix += tuple(rng.choices(range(VOCAB_SIZE), weights=table[prefix].tolist()))
+        drafter.global_tree.add(f"seed-{index}", PROMPT + list(prefix))
+    return drafter
+
+
+def make_drafter(name: str, table: Table) -> TableDrafter | SuffixDrafter:
+    return suffix_drafter(table) if name == "suffix" else TableDrafter(table, **DRAFTERS[name])
+
+
+def sample_outputs(model: LoadedModel, drafter: TableDrafter | SuffixDrafter | None) -> list[list[int]]:
     runner = ModelRunner(model.decoder, [], drafter)
     outputs = []
     for seed in range(NUM_SAMPLES):
@@ -159,11 +180,12 @@ def plain_outputs(model) -> list[list[int]]:
 
 
 DRAFTERS = {"chain": dict(depth=3, tree_budget=None), "tree": dict(depth=3, tree_budget=8)}
+MODES = [*sorted(DRAFTERS), "suffix"]
 
 
-@pytest.fixture(scope="module", params=sorted(DRAFTERS))
-def speculative(request, model, table) -> tuple[str, list[list[int]], TableDrafter]:
-    drafter = TableDrafter(table, **DRAFTERS[request.param])
+@pytest.fixture(scope="module", params=MODES)
+def speculative(request, model, table) -> tuple[str, list[list[int]], TableDrafter | SuffixDrafter]:
+    drafter = make_drafter(request.param, table)
     return request.param, sample_outputs(model, drafter), drafter
 
 
@@ -187,15 +209,17 @@ def test_speculative_sampling_matches_the_exact_marginals(table, speculative):
 
 def test_speculative_sampling_accepts_drafts(model, table):
     # A drafter that is never accepted would make the distribution test vacuous.
-    for config in DRAFTERS.values():
-        runner = ModelRunner(model.decoder, [], TableDrafter(table, **config))
-        accepted = 0
+    for mode in MODES:
+        runner = ModelRunner(model.decoder, [], make_drafter(mode, table))
+        accepted = rejected = 0
         for seed in range(50):
             sequence = runner.start("accept", PROMPT, SamplingParams(seed=seed, **PARAMS))
             while not sequence.finished:
                 runner.decode_step(sequence)
             accepted += sequence.stats.accepted_tokens
-        assert accepted >= 25, config
+            rejected += sequence.stats.drafts - (sequence.stats.accepted_per_depth or [0])[0]
+        assert accepted >= 25, mode
+        assert rejected > 0, mode  # drafts whose first token was rejected: the other branch
 
 
 def test_seeded_speculative_sampling_emits_the_plain_tokens_draw_for_draw(plain_outputs, speculative):

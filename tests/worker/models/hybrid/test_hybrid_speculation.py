@@ -1,4 +1,4 @@
-"""Chain speculation over recurrent state is lossless: n-gram speculation gives plain decoding's
+"""Chain speculation over recurrent state is lossless: n-gram (and suffix) speculation gives plain decoding's
 greedy tokens exactly (float64, so a 4-row verification and a 1-row step cannot disagree on an
 argmax through rounding), with drafts accepted; so does tree verification (an oracle drafter's
 trees); modes whose drafter is not validated on hybrids are refused (dflash and tree are
@@ -61,14 +61,15 @@ def _run(runner: ModelRunner, prompt: list[int]) -> tuple[list[int], SpecStats]:
     return sequence.output_ids, sequence.stats
 
 
-def test_ngram_speculation_gives_plain_greedy_tokens(model):
+@pytest.mark.parametrize("mode", ["ngram", "suffix"])  # chains; suffix decoding's trees of several paths
+def test_lookup_speculation_gives_plain_greedy_tokens(model, mode):
     eos = model.checkpoint.eos_token_ids
     plain = ModelRunner(model.decoder, eos)
-    ngram = ModelRunner(model.decoder, eos, load_drafter("ngram", model, DraftOptions()))
+    lookup = ModelRunner(model.decoder, eos, load_drafter(mode, model, DraftOptions()))
     num_accepted = num_drafted = 0
     for prompt in _repeating_prompts(model.config.vocab_size):
         expected, _ = _run(plain, prompt)
-        speculated, stats = _run(ngram, prompt)
+        speculated, stats = _run(lookup, prompt)
         assert speculated == expected
         num_accepted, num_drafted = num_accepted + stats.accepted_tokens, num_drafted + stats.draft_tokens
     # drafts were accepted, and some rejected part-way: recurrent state was committed after inner rows
