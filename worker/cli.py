@@ -266,7 +266,6 @@ def run_worker(args: argparse.Namespace) -> int:
 
     settings = worker_settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = resolve_default_speculation(settings)
     service = WorkerService(
         ServiceConfig.from_settings(settings), lambda: load_worker_model(settings), freeze_heap=True
     )
@@ -277,26 +276,6 @@ def run_worker(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
-
-
-def resolve_default_speculation(settings):
-    """MTP is the default mode, but only where an MTP head exists. When nobody chose the mode
-    (no --speculation, no SPECULATION) and the model has none, serve `ngram` (which needs no
-    drafter) and say so; an explicit `mtp` without a head still fails with the loader's message."""
-    import logging
-
-    from worker.drafters.mtp import mtp_head_available
-
-    if "speculation" in settings.model_fields_set or settings.speculation != "mtp":
-        return settings
-    if mtp_head_available(settings.model, settings.draft, settings.model_name):
-        return settings
-    logging.getLogger(__name__).warning(
-        "model %s has no MTP head (none in the checkpoint, none bundled, no DRAFT): serving with "
-        "speculation 'ngram' instead of the default 'mtp'; set SPECULATION to choose",
-        settings.model_name,
-    )
-    return settings.model_copy(update={"speculation": "ngram"})
 
 
 def load_worker_model(settings):

@@ -47,7 +47,10 @@ def finish(stepper: ModelStepper, state: LaneState) -> LaneState:
 
 
 def assert_same_drafter_context(mode: str, warm, cold, num_tokens: int) -> None:
-    if mode == "ngram":
+    if mode == "auto":  # both of its sources' contexts
+        assert_same_drafter_context("suffix", warm.suffix, cold.suffix, num_tokens)
+        assert_same_drafter_context("mtp", warm.model, cold.model, num_tokens)
+    elif mode == "ngram":
         assert (warm.num_seen, warm.draft()) == (cold.num_seen, cold.draft()) and warm.num_seen == num_tokens
     elif mode == "suffix":
         assert warm.tokens == cold.tokens and len(warm.tokens) == num_tokens
@@ -60,7 +63,7 @@ def assert_same_drafter_context(mode: str, warm, cold, num_tokens: int) -> None:
         torch.testing.assert_close(warm.next_hidden, cold.next_hidden)
 
 
-@pytest.mark.parametrize("mode", ["none", "ngram", "mtp", "dflash", "tree", "suffix"])
+@pytest.mark.parametrize("mode", ["none", "ngram", "mtp", "dflash", "tree", "suffix", "auto"])
 def test_a_shared_system_prompt_hits_and_output_and_drafting_equal_a_cold_run(mode):
     model = served(mode)
     first, second = chat(model, "What is one plus one?"), chat(model, "Tell me about foxes, please.")
@@ -76,13 +79,13 @@ def test_a_shared_system_prompt_hits_and_output_and_drafting_equal_a_cold_run(mo
     assert (stepper.counters.prefix_cache_queries, stepper.counters.prefix_cache_hits) == (2, 1)
     if mode != "none":
         assert_same_drafter_context(mode, warm.sequence.drafter_state, cold.sequence.drafter_state, len(second) - 1)
-    if mode == "suffix":  # both draft from the worker's tree, which the first finished request just grew
+    if mode in ("suffix", "auto"):  # both draft from the worker's tree, which the first finished request just grew
         assert model.runner.drafter.propose(warm.sequence.drafter_state, warm.sequence) == model.runner.drafter.propose(
             cold.sequence.drafter_state, cold.sequence
         )
     finish(stepper, warm), finish(cold_stepper, cold)
     assert warm.output_ids == cold.output_ids
-    if mode != "suffix":  # (the one finishing first teaches the other's drafts its output)
+    if mode not in ("suffix", "auto"):  # (the one finishing first teaches the other's drafts its output)
         assert (warm.stats.drafts, warm.stats.accepted_tokens) == (cold.stats.drafts, cold.stats.accepted_tokens)
     if mode == "ngram":
         assert warm.stats.accepted_tokens > 0  # the reused index does real work

@@ -319,24 +319,6 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
     )
 
 
-def mtp_head_available(model: str, draft: str | None, model_name: str) -> bool:
-    """Cheaply (tensor names only): is there an MTP head for this model, given or bundled or inside?"""
-    if draft:
-        return True
-    if bundled_drafter_path(model_name, "mtp") is not None:
-        return True
-    folder = Path(model)
-    if not folder.is_dir():
-        return False  # GGUF files carry no MTP head
-    from safetensors import safe_open
-
-    for path in folder.glob("*.safetensors"):
-        with safe_open(str(path), framework="pt") as handle:
-            if any(name.startswith(MTP_PREFIX) for name in handle.keys()):  # noqa: SIM118 (not iterable)
-                return True
-    return False
-
-
 def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpoint:
     # An explicit --draft wins over a head inside the target checkpoint: the user asked for it.
     if draft is not None:

@@ -13,7 +13,7 @@ from worker.drafters.prompt_lookup import PromptLookupDrafter
 from worker.models.loader import LoadedModel
 
 SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
-DEFAULT_SPECULATION = "mtp"
+DEFAULT_SPECULATION = "auto"
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,6 +32,27 @@ def _suffix(model: LoadedModel, options: DraftOptions) -> Drafter:
     from worker.drafters.suffix import SuffixDrafter, SuffixOptions
 
     return SuffixDrafter(SuffixOptions(max_nodes=options.num_draft or options.tree_budget))
+
+
+def _auto(model: LoadedModel, options: DraftOptions) -> Drafter:
+    """Each lane's draft from the source that promises most (worker.drafters.picker): the
+    model's MTP head where it has one (in its checkpoint, bundled, or --draft), and suffix decoding."""
+    import logging
+
+    from worker.drafters.picker import SourcePicker
+    from worker.drafters.suffix import SuffixDrafter, SuffixOptions
+
+    head: Drafter | None
+    try:
+        head = _mtp(model, options)
+    except DrafterError:
+        if options.draft is not None:
+            raise  # the head the user pointed at does not load: say so, do not serve without it
+        head = None
+        logging.getLogger(__name__).info(
+            "speculation auto: model %s has no MTP head; drafts from suffix decoding", model.name
+        )
+    return SourcePicker(head, SuffixDrafter(SuffixOptions(max_nodes=options.tree_budget)))
 
 
 def _mtp(model: LoadedModel, options: DraftOptions) -> Drafter:
@@ -53,6 +74,7 @@ def _tree(model: LoadedModel, options: DraftOptions) -> Drafter:
 
 
 DRAFTERS: dict[str, Callable[[LoadedModel, DraftOptions], Drafter]] = {
+    "auto": _auto,
     "mtp": _mtp,
     "dflash": _dflash,
     "tree": _tree,

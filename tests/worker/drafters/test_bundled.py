@@ -13,10 +13,10 @@ import pytest
 from ops.training.prompts import HELD_OUT
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_MODEL_NAME, WorkerSettings
-from worker.cli import resolve_default_speculation
 from worker.drafters.dflash import parse_dflash_spec
 from worker.drafters.draft_checkpoint import bundled_drafter_path, read_draft_checkpoint
 from worker.drafters.draft_vocab import read_draft_vocabulary
+from worker.drafters.picker import SourcePicker
 from worker.engine.generate import generate
 from worker.serving_model import ServingModel, load_serving_model
 
@@ -61,10 +61,11 @@ def test_bundled_drafter_matches_its_config_and_the_size_budget(kind):
     assert vocabulary is not None and 1000 < len(vocabulary) < target.vocab_size
 
 
-def test_the_default_model_defaults_to_mtp(monkeypatch):
+def test_the_default_model_drafts_from_its_bundled_head_by_default(monkeypatch):
     monkeypatch.delenv("SPECULATION", raising=False)
-    monkeypatch.delenv("MODEL", raising=False)
-    assert resolve_default_speculation(WorkerSettings()).speculation == "mtp"
+    assert WorkerSettings().speculation == "auto"
+    drafter = served("auto").runner.drafter
+    assert isinstance(drafter, SourcePicker) and drafter.model is not None and drafter.model.name == "mtp"
 
 
 @pytest.mark.parametrize("mode", ["mtp", "dflash", "tree"])

@@ -190,7 +190,7 @@ class CountingStepper(ModelStepper):
             self.chosen.append(decoding[0].sequence.draft_limit)
 
 
-@pytest.mark.parametrize("mode", ["mtp", "tree", "ngram", "suffix"])
+@pytest.mark.parametrize("mode", ["mtp", "tree", "ngram", "suffix", "auto"])
 def test_adaptive_draft_lengths_keep_every_lane_exact(mode):
     family = "llama"
     runner = runner_for(family, mode)

@@ -17,10 +17,9 @@ import pytest
 import torch
 
 from shared.sampling import SamplingParams
-from shared.settings import WorkerSettings
 from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model, make_tiny_hybrid_model_with_mtp
-from worker.cli import resolve_default_speculation
 from worker.drafters.oracle import OracleDrafter, greedy_reference
+from worker.drafters.picker import SourcePicker
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
@@ -77,13 +76,14 @@ def test_lookup_speculation_gives_plain_greedy_tokens(model, mode):
 
 
 @pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
-def test_an_unset_mode_is_mtp_with_an_mtp_head_and_ngram_without(tmp_path, monkeypatch, family):
-    """Qwen3.5 and Qwen3-Next checkpoints ship `mtp.*` tensors: their head is the default drafter."""
-    monkeypatch.delenv("SPECULATION", raising=False)
-    with_head = make_tiny_hybrid_model_with_mtp(tmp_path / "with-mtp", family)
-    without = make_tiny_hybrid_model(tmp_path / "without", family)
-    assert resolve_default_speculation(WorkerSettings(model=str(with_head))).speculation == "mtp"
-    assert resolve_default_speculation(WorkerSettings(model=str(without))).speculation == "ngram"
+def test_the_default_mode_drafts_from_the_head_with_one_and_from_suffixes_without(tmp_path, family):
+    """Qwen3.5 and Qwen3-Next checkpoints ship `mtp.*` tensors: their head is the default's model drafter."""
+    with_head = load_model(make_tiny_hybrid_model_with_mtp(tmp_path / "with-mtp", family))
+    without = load_model(make_tiny_hybrid_model(tmp_path / "without", family))
+    picker = load_drafter("auto", with_head, DraftOptions())
+    assert isinstance(picker, SourcePicker) and picker.model is not None and picker.model.name == "mtp"
+    alone = load_drafter("auto", without, DraftOptions())
+    assert isinstance(alone, SourcePicker) and alone.model is None
 
 
 def test_tree_verification_through_the_runner_gives_plain_greedy_tokens(model):
