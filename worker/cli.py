@@ -187,7 +187,7 @@ def add_worker_parser(subparsers) -> None:
     parser.add_argument("--model", default=None, help="HF folder, .gguf file or the default model's name (MODEL)")
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp/dflash/tree (DRAFT)")
     parser.add_argument(
-        "--speculation", default=None, choices=SPECULATION_MODES, help="speculation mode (SPECULATION, default mtp)"
+        "--speculation", default=None, choices=SPECULATION_MODES, help="speculation mode (SPECULATION, default auto)"
     )
     parser.add_argument(
         "--served-model-name",

@@ -76,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             "--conversations-per-stream must be at least 1"
         )
     return AgentConfig(
-        args.speculation or ["none", "mtp"],
+        args.speculation or ["none", "auto"],
         parse_int_list(args.streams, "--streams"),
         args.conversations_per_stream,
         workloads,

@@ -29,8 +29,8 @@ def _add_decode_parser(commands) -> None:
     parser.add_argument(
         "--modes",
         type=_modes,
-        default=["none", "mtp", "dflash", "tree", "ngram"],
-        help="comma-separated speculation modes (default: none,mtp,dflash,tree,ngram)",
+        default=["none", "auto", "mtp", "dflash", "tree", "ngram", "suffix"],
+        help="comma-separated speculation modes (default: none,auto,mtp,dflash,tree,ngram,suffix)",
     )
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts to decode (1..12, default 8)")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt, EOS ignored")
@@ -150,7 +150,7 @@ def _add_agent_parser(commands) -> None:
         "agent", help="multi-turn agent workloads (tool calls, JSON extraction, code edits) per speculation mode"
     )
     parser.add_argument(
-        "--speculation", type=_speculation_modes, default=["none", "mtp"], help="modes, comma-separated (none,mtp)"
+        "--speculation", type=_speculation_modes, default=["none", "auto"], help="modes, comma-separated (none,auto)"
     )
     parser.add_argument("--streams", default="1,16", help="concurrent conversations per run (default 1,16)")
     parser.add_argument(

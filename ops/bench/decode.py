@@ -146,7 +146,12 @@ def arbor_contenders(served: ServingModel, config: DecodeConfig) -> tuple[list[C
 
 
 def _draft_options(mode: str, config: DecodeConfig) -> DraftOptions:
-    draft = {"mtp": config.draft_mtp, "dflash": config.draft_dflash, "tree": config.draft_dflash}.get(mode)
+    draft = {
+        "auto": config.draft_mtp,
+        "mtp": config.draft_mtp,
+        "dflash": config.draft_dflash,
+        "tree": config.draft_dflash,
+    }.get(mode)
     return DraftOptions(draft=draft)
 
 

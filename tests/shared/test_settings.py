@@ -73,13 +73,13 @@ def test_worker_reads_design_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (settings.worker_id, settings.max_lanes, settings.model_name) == ("w-7", 3, "Qwen3-0.6B")
 
 
-def test_worker_defaults_to_mtp_and_a_unique_id(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_defaults_to_auto_and_a_unique_id(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("MODEL", "SPECULATION", "WORKER_ID", "DRAFT"):
         monkeypatch.delenv(name, raising=False)
 
     first, second = WorkerSettings(), WorkerSettings()
 
-    assert first.speculation == "mtp" and first.draft is None
+    assert first.speculation == "auto" and first.draft is None
     assert first.worker_id != second.worker_id
     assert first.model_name == "SmolLM2-135M-Instruct"
 

@@ -46,7 +46,7 @@ def test_defaults_come_from_worker_settings(monkeypatch):
     for name in ("SPECULATION", "MODEL", "ARBOR_MAX_LANES", "WORKER_ID", "ARBOR_STREAM_INTERVAL"):
         monkeypatch.delenv(name, raising=False)
     settings = worker_settings(build_parser().parse_args(["worker"]))
-    assert settings.speculation == "mtp" and settings.max_lanes == 32 and settings.worker_id
+    assert settings.speculation == "auto" and settings.max_lanes == 32 and settings.worker_id
     assert settings.stream_interval == 1, "every step streams unless asked otherwise"
 
 
