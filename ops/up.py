@@ -31,6 +31,7 @@ from ops.restart_policy import RestartPolicy
 from ops.stack_file import StackInfo, runtime_dir, write_stack
 from ops.supervisor import GiveUp, Supervisor
 from shared import keys
+from shared.redis_connect import sync_client
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
 from shared.tool_call_grammar import TOOL_FORMATS
 
@@ -148,7 +149,7 @@ class RestartCounts:
 
     def __init__(self, redis_url: str) -> None:
         timeout_s = REDIS_TIMEOUT_S
-        self._client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._client = sync_client(redis_url, timeout_s)
 
     def start(self, names: list[str]) -> None:
         for name in names:
