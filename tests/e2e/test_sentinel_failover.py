@@ -184,7 +184,7 @@ def test_streams_survive_two_sigkill_failovers_and_a_frozen_master(
         streams = [BackgroundStream(base_url, body, END_S) for body in bodies()]
         for stream in streams:
             stream.start()
-        wait_for(lambda: all(s.stream.num_chunks >= 2 for s in streams), END_S, "text on every stream")
+        wait_for(lambda s=streams: all(one.stream.num_chunks >= 2 for one in s), END_S, "text on every stream")
         probe = GapProbe(cluster.url)
         probe.start()
         recover = disrupt(cluster)
