@@ -212,3 +212,61 @@ class SentinelSet:
                 return
             time.sleep(0.05)
         raise AssertionError("writes never flowed again")
+
+
+class ReplicatedPair:
+    """A master (loopback TCP) and one replica, no sentinels: for writes confirmed by `WAIT`.
+
+    `stop_replica()` takes the replica away (the master then confirms nothing), `start_replica()`
+    brings it back in sync."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="arbor-pair-"))
+        master_port, replica_port = _free_loopback_port(), _free_loopback_port()
+        self.url = f"redis://127.0.0.1:{master_port}/0"
+        self.master = Node("master", master_port, self._args(master_port, []))
+        self.replica = Node(
+            "replica", replica_port, self._args(replica_port, ["--replicaof", "127.0.0.1", str(master_port)])
+        )
+
+    def _args(self, port: int, replica_of: list[str]) -> list[str]:
+        node_dir = self.dir / str(port)
+        node_dir.mkdir()
+        return [
+            redis_server_binary(),
+            *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", ""),
+            *("--appendonly", "no", "--daemonize", "no", "--logfile", str(node_dir / "redis.log")),
+            *replica_of,
+        ]
+
+    def __enter__(self) -> ReplicatedPair:
+        self.master.start()
+        self.start_replica()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.replica.stop()
+        self.master.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start_replica(self) -> None:
+        self.replica.start()
+        wait_for(self._in_sync, START_TIMEOUT_S, "the replica in sync")
+
+    def stop_replica(self) -> None:
+        self.replica.stop()
+        wait_for(lambda: not self._num_connected(), START_TIMEOUT_S, "the master to see its replica gone")
+
+    def _num_connected(self) -> int:
+        try:
+            with self.master.client() as client:
+                return int(client.info("replication")["connected_slaves"])
+        except redis.RedisError:
+            return 0
+
+    def _in_sync(self) -> bool:
+        try:
+            with self.replica.client() as client:
+                return client.info("replication")["master_link_status"] == "up" and self._num_connected() == 1
+        except redis.RedisError:
+            return False

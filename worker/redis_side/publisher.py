@@ -232,6 +232,9 @@ class Publisher:
         batch, self._batch, self._sent_at = self._batch, None, None
         self._backoff_s = BACKOFF_MIN_S
         now = time.monotonic()
+        # A batch sent again (unconfirmed) may find a job it completed the first time gone: its
+        # events are then fenced, yet the job is done, not lost, and its JobDone says so
+        completed = {item.ref.request_id for item in batch if isinstance(item, JobDone)}
         for item, result in zip(batch, results, strict=True):
             request_id = item.ref.request_id
             if isinstance(item, JobDone) or result == PublishResult.FENCED:
@@ -239,7 +242,7 @@ class Publisher:
                 self._orphaned.discard(request_id)
             if isinstance(item, JobDone):
                 self._on_done(item.ref)  # acknowledged, or no longer ours: either way we are done with it
-            elif result == PublishResult.FENCED:
+            elif result == PublishResult.FENCED and request_id not in completed:
                 self._on_lost(request_id)
             elif result == PublishResult.UNHEARD:
                 self._unheard(request_id, now)
