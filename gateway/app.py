@@ -31,7 +31,7 @@ from gateway.middleware.request_metrics import RequestMetricsMiddleware
 from gateway.openapi import openapi
 from gateway.responses_api.routes import create_response, delete_response, retrieve_response
 from gateway.routes.generate import chat_completions, completions
-from gateway.routes.health import health
+from gateway.routes.health import health, livez, readyz
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models, retrieve_model
 from gateway.services import Services
@@ -54,6 +54,8 @@ ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/livez", livez, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
 ]

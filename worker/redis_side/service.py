@@ -192,7 +192,8 @@ class WorkerService:
             lambda: self.capacity.held,
             lambda: self._publisher_in_use.interval_s if self._publisher_in_use else 0.0,
         )
-        server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
+        ready = lambda: self._ready and not self._draining  # noqa: E731
+        server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port, ready)
         return lambda: stop_metrics(server)
 
     async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
