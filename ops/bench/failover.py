@@ -1,4 +1,5 @@
-"""`python -m ops.bench.failover`: the stack on a Redis Sentinel set, through N failovers.
+"""`arbor bench failover` (or `python -m ops.bench.failover`): the stack on a Redis Sentinel set,
+through N failovers.
 
     Sentinel set on loopback (ops/sentinel_set.py: 1 master, 2 replicas, 3 sentinels,
     min-replicas-to-write 1, down-after 1000 ms)
@@ -306,8 +307,7 @@ def markdown(summary: dict) -> str:
     return "\n".join(rows)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ops.bench.failover", description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failovers", type=int, default=20)
     parser.add_argument("--kind", choices=["sigkill", "sigstop", "mixed"], default="mixed")
     parser.add_argument("--streams", type=int, default=16, help="streaming requests in flight at each failover")
@@ -319,15 +319,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--down-after-ms", type=int, default=1000, help="sentinels' down-after-milliseconds")
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--out", type=Path, default=Path("failover.json"))
-    return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_from_args(args: argparse.Namespace) -> int:
     result = run(args)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     print(markdown(result["summary"]))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.failover", description="the stack through failovers")
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
