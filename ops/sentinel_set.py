@@ -122,7 +122,11 @@ class SentinelSet:
         return node
 
     def restart(self, node: Node) -> None:
-        """Start a killed node again on its port; the sentinels make it a replica of the master."""
+        """Start a killed node again on its port, as a replica of the master now in office (as
+        an operator would: started with its first `--replicaof` it could chain behind another
+        replica until the sentinels reconfigure it)."""
+        master = self.master()
+        node.args = self._data_args(node.port, ["--replicaof", "127.0.0.1", str(master.port)])
         node.start()
         wait_for(lambda: self._is_replica_in_sync(node), FAILOVER_TIMEOUT_S, f"{node.name} back as a replica")
 
@@ -144,7 +148,7 @@ class SentinelSet:
 
     def _data_args(self, port: int, replica_of: list[str]) -> list[str]:
         node_dir = self.dir / str(port)
-        node_dir.mkdir()
+        node_dir.mkdir(exist_ok=True)
         return [
             redis_server_binary(),
             *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", ""),
