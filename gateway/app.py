@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -31,11 +31,12 @@ from gateway.middleware.request_metrics import RequestMetricsMiddleware
 from gateway.openapi import openapi
 from gateway.responses_api.routes import create_response, delete_response, retrieve_response
 from gateway.routes.generate import chat_completions, completions
-from gateway.routes.health import health
+from gateway.routes.health import health, livez, readyz
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models, retrieve_model
 from gateway.services import Services
 from shared.openai_schema import Limits
+from shared.redis_connect import async_client
 from shared.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/livez", livez, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
 ]
@@ -102,15 +105,7 @@ def connect_redis(settings: GatewaySettings) -> Redis:
     a command at once, with MaxConnectionsError, when all of its connections are out: 64
     streaming clients hit that. A blocking pool makes a
     command wait for a free connection instead, up to the Redis timeout."""
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=REDIS_MAX_CONNECTIONS,
-        timeout=settings.redis_timeout_s,
-        decode_responses=True,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-    )
-    return Redis.from_pool(pool)
+    return async_client(settings.redis_url, settings.redis_timeout_s, max_connections=REDIS_MAX_CONNECTIONS)
 
 
 def on_http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -11,6 +11,10 @@ Pub/sub may drop messages, so the reader trusts `seq`, not arrival:
                              XDEL the entry only after its last event, so that event would be
                              there; an entry gone without one was lost (e.g. Redis restarted empty)
 
+A Redis that fails while the reader looks at the log (a failover, a restart from its append-only
+file) is waited out for up to `REDIS_OUTAGE_S`: the worker resends what it could not write and the
+log has it once Redis is back, so the stream goes on; a longer outage fails the request.
+
 The event log's index equals seq (the worker RPUSHes and PUBLISHes in one transaction); if that
 ever does not hold, the whole log is read and filtered by seq.
 
@@ -21,16 +25,18 @@ take several events at once (see `Generation.events`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, parse_event
 
 AnyEvent = DeltaEvent | FinalEvent | ErrorEvent
 DISCONNECTED = object()  # put on a request's queue when the client goes away
+REDIS_OUTAGE_S = 30.0  # Redis failing this long ends a stream; a Sentinel failover takes ~2-5 s
 
 
 class ClientGone(Exception):
@@ -73,6 +79,7 @@ class EventReader:
         self._early: dict[int, AnyEvent] = {}  # seq -> event received ahead of a gap
         self._gap_seen = False  # an event arrived ahead of the next one: read the log before waiting
         self._gone = False  # DISCONNECTED was taken off the queue by ready()
+        self._failing_since: float | None = None  # loop.time() of the first Redis failure in a row
 
     async def next_event(self) -> AnyEvent:
         """The event with the next seq.
@@ -83,7 +90,7 @@ class EventReader:
                 raise ClientGone
             if self._gap_seen:
                 self._gap_seen = False
-                await self._read_log()
+                await self._riding_out(self._read_log)
                 continue
             await self._receive()
         event = self._early.pop(self._next_seq)
@@ -105,7 +112,7 @@ class EventReader:
                 async with asyncio.timeout(min(self._poll_s, remaining_s)):
                     item = await self._queue.get()
             except TimeoutError:
-                await self._read_log_after_silence()
+                await self._riding_out(self._read_log_after_silence)
                 return
         else:
             item = self._queue.get_nowait()
@@ -126,6 +133,19 @@ class EventReader:
             return False
         self._early[event.seq] = event
         return True
+
+    async def _riding_out(self, read: Callable[[], Awaitable[None]]) -> None:
+        """`read()`, with a Redis failure waited out (the next silence tries again) unless Redis
+        has been failing for REDIS_OUTAGE_S."""
+        now = asyncio.get_running_loop().time()
+        try:
+            await read()
+        except (RedisError, OSError, TimeoutError):
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since >= REDIS_OUTAGE_S:
+                raise
+            return
+        self._failing_since = None
 
     async def _read_log_after_silence(self) -> None:
         """Maybe the next event was published and lost; maybe the job was. The entry is looked at

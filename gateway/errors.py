@@ -128,6 +128,14 @@ def redis_unavailable(exc: BaseException) -> ApiError:
     return ApiError(503, f"The request queue is unavailable: {type(exc).__name__}", "redis_unavailable")
 
 
+def redis_no_replica(min_replicas: int) -> ApiError:
+    message = (
+        f"No Redis replica confirmed the request (ARBOR_REDIS_MIN_REPLICAS={min_replicas}): it was not "
+        "accepted, so a failover cannot lose it; send it again"
+    )
+    return ApiError(503, message, "redis_no_replica")
+
+
 def job_lost() -> ApiError:
     return ApiError(503, "The request was lost by the queue (did Redis restart?); send it again", "job_lost")
 

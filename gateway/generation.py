@@ -44,6 +44,7 @@ from gateway.middleware.disconnect import DisconnectWatch
 from gateway.services import Services
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job
+from shared.redis_connect import NoReplica
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class Generation:
             await self._open()
         except BaseException as exc:
             await self._stack.aclose()
+            if isinstance(exc, NoReplica):
+                raise self._failed(errors.redis_no_replica(self._svc.settings.redis_min_replicas)) from exc
             if isinstance(exc, _REDIS_FAILURES):
                 raise self._failed(errors.redis_unavailable(exc)) from exc
             raise
@@ -96,7 +99,13 @@ class Generation:
         self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
         try:
             async with asyncio.timeout(svc.settings.redis_timeout_s):
-                entry_id = await jobs.enqueue(svc.redis, self.job, svc.settings.max_queue)
+                entry_id = await jobs.enqueue(
+                    svc.redis,
+                    self.job,
+                    svc.settings.max_queue,
+                    svc.settings.redis_min_replicas,
+                    wait_ms=int(svc.settings.redis_timeout_s * 500),  # half the timeout: a reply in time
+                )
         except jobs.QueueFull as full:
             self._refused = True  # never queued: nothing to cancel
             raise GenerationFailed(errors.queue_full(self.job.model, full.length, svc.settings.retry_after_s)) from None

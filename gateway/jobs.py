@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.openai_schema import ChatCompletionRequest, GenerationRequest
 from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
+from shared.redis_connect import NoReplica
 
 ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl", "count": "count"}
 MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
@@ -57,7 +58,7 @@ def new_job(
     )
 
 
-async def enqueue(redis: Redis, job: Job, max_queue: int) -> str:
+async def enqueue(redis: Redis, job: Job, max_queue: int, min_replicas: int = 0, wait_ms: int = 0) -> str:
     """XADD without MAXLEN (a queued job is never trimmed), at most once per request, unless the
     stream already holds `max_queue` entries (raises QueueFull); returns the entry id.
 
@@ -70,16 +71,31 @@ async def enqueue(redis: Redis, job: Job, max_queue: int) -> str:
     Redis stalls: a plain XADD retried after it landed would queue the job twice, and two workers
     would run it and interleave their events. The script adds the entry and a marker holding its
     id in one step, so a retry finds the marker and returns the first id.
+
+    With `min_replicas`, the job counts as queued only once that many replicas confirm it (`WAIT`
+    on the same connection, up to `wait_ms`); else raises NoReplica, and the caller cancels the
+    job: a failover could lose a write only the master had, so the client is told to send it
+    again rather than told it was accepted.
     """
     ttl_s = max(math.ceil(job.deadline - time.time()), 0) + MARKER_MARGIN_S
     fields = [part for name, value in job.to_fields().items() for part in (name, value)]
-    reply = await redis.register_script(_ENQUEUE)(
-        keys=[keys.request_stream(job.model), keys.enqueued_marker(job.id)], args=[ttl_s, max_queue, *fields]
-    )
+    script_keys = [keys.request_stream(job.model), keys.enqueued_marker(job.id)]
+    args: list[str | int] = [ttl_s, max_queue, *fields]
+    script = redis.register_script(_ENQUEUE)
+    if not min_replicas:
+        return _entry_id(await script(keys=script_keys, args=args))
+    async with redis.client() as pinned:  # WAIT confirms the writes of its own connection only
+        entry_id = _entry_id(await script(keys=script_keys, args=args, client=pinned))
+        confirmed = await pinned.wait(min_replicas, wait_ms)
+    if confirmed < min_replicas:
+        raise NoReplica(f"{confirmed} of {min_replicas} replica(s) confirmed the job within {wait_ms} ms")
+    return entry_id
+
+
+def _entry_id(reply: str | list[int]) -> str:
     if isinstance(reply, list):
         raise QueueFull(int(reply[0]))
-    entry_id: str = reply  # decode_responses=True
-    return entry_id
+    return reply  # decode_responses=True
 
 
 async def cancel(redis: Redis, request_id: str) -> None:

@@ -126,6 +126,8 @@ def build_openapi() -> dict[str, Any]:
             },
             **_responses_paths(),
             "/health": {"get": {"summary": "Redis and at least one ready worker", "responses": plain}},
+            "/livez": {"get": {"summary": "The process answers (liveness)", "responses": plain}},
+            "/readyz": {"get": {"summary": "Redis answers (readiness)", "responses": plain}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}},
         },
         "components": {"schemas": schemas.get("$defs", {})},

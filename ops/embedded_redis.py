@@ -4,6 +4,14 @@
 on a unix socket in its own temp directory (nothing else on the machine can reach it) or, with
 `tcp=True`, on a free loopback port; never on another interface. With `password` it requires
 AUTH, and `url` carries the password (as REDIS_URL does in a deployment): never log `url`.
+
+With `data_dir` (what `arbor up` passes: a folder in the stack's runtime directory) it keeps an
+append-only file there, so a server that dies and is started again comes back with its streams,
+their pending entries, the event logs and job states, and requests in flight continue. With
+`appendfsync everysec` (the default) a killed redis-server loses nothing it acknowledged, since
+Redis writes a command to the file before it replies and the kernel holds it; a host crash can
+lose the last second (two, while the disk stalls). `always` fsyncs before every reply instead,
+at the cost of a disk flush per write.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from pathlib import Path
 
 import redis
 
-START_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 30.0  # a restart replays its append-only file first
+APPENDFSYNC_POLICIES = ("everysec", "always", "no")
 STOP_TIMEOUT_S = 5.0
 
 
@@ -31,9 +40,20 @@ def redis_server_binary() -> str:
 
 
 class EmbeddedRedis:
-    def __init__(self, tcp: bool = False, persist: bool = False, password: str | None = None) -> None:
+    def __init__(
+        self,
+        tcp: bool = False,
+        persist: bool = False,
+        password: str | None = None,
+        data_dir: Path | None = None,
+        appendfsync: str = "everysec",
+    ) -> None:
+        if appendfsync not in APPENDFSYNC_POLICIES:
+            raise ValueError(f"appendfsync={appendfsync!r} is not one of {', '.join(APPENDFSYNC_POLICIES)}")
         self._tcp = tcp
-        self._persist = persist  # append-only file in the temp dir (lets tests restart it with data)
+        self._persist = persist or data_dir is not None  # append-only file (lets it restart with data)
+        self._data_dir = data_dir  # where the file lives; None: the temp dir, with the socket
+        self._appendfsync = appendfsync
         self._password = password
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -44,8 +64,10 @@ class EmbeddedRedis:
         assert self._process is None, "already started"
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="arbor-redis-"))  # short: unix socket paths max ~107
-        args = [redis_server_binary(), "--dir", str(self._dir), "--save", ""]
-        args += ["--appendonly", "yes" if self._persist else "no"]
+        if self._data_dir is not None:
+            self._data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # prompts are in it
+        args = [redis_server_binary(), "--dir", str(self._data_dir or self._dir), "--save", ""]
+        args += ["--appendonly", "yes" if self._persist else "no", "--appendfsync", self._appendfsync]
         args += ["--daemonize", "no", "--loglevel", "warning", "--logfile", str(self._dir / "redis.log")]
         credentials = ""
         if self._password is not None:
@@ -82,6 +104,8 @@ class EmbeddedRedis:
         if self._dir is not None and not keep_data:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+        if self._data_dir is not None and not keep_data:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
 
     @property
     def running(self) -> bool:

@@ -21,6 +21,7 @@ from rich.table import Table
 from ops.stack_file import find_stack, runtime_dir
 from shared.fleet import FleetSnapshot, read_fleet
 from shared.heartbeat import Heartbeat
+from shared.redis_connect import async_client
 
 REDIS_TIMEOUT_S = 5.0
 ONCE_SAMPLE_GAP_S = 1.0
@@ -43,7 +44,7 @@ def run_top(args: argparse.Namespace) -> int:
 
 
 async def _top(url: str, once: bool, interval_s: float) -> int:
-    redis = Redis.from_url(url, decode_responses=True, socket_timeout=REDIS_TIMEOUT_S)
+    redis = async_client(url, REDIS_TIMEOUT_S)
     try:
         previous = await _sample(redis)
         if once:

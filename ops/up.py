@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import signal
 import sys
 import time
@@ -25,11 +26,12 @@ from typing import Any, Literal
 
 import redis
 
-from ops.embedded_redis import EmbeddedRedis
+from ops.embedded_redis import APPENDFSYNC_POLICIES, EmbeddedRedis
 from ops.restart_policy import RestartPolicy
 from ops.stack_file import StackInfo, runtime_dir, write_stack
 from ops.supervisor import GiveUp, Supervisor
 from shared import keys
+from shared.redis_connect import sync_client
 from shared.settings import DEFAULT_MODEL_NAME, served_model_name
 from shared.tool_call_grammar import TOOL_FORMATS
 
@@ -57,6 +59,12 @@ def add_up_parser(subparsers: Any) -> None:
         choices=TOOL_FORMATS,
         help="tool-call format (ARBOR_TOOL_PARSER; default: from the chat template)",
     )
+    parser.add_argument(
+        "--redis-appendfsync",
+        default="everysec",
+        choices=APPENDFSYNC_POLICIES,
+        help="the embedded Redis's fsync policy: everysec (a host crash may lose the last second) or always",
+    )
     parser.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S)
     parser.set_defaults(handler=run_up)
 
@@ -66,7 +74,7 @@ def run_up(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers={args.workers} must be at least 1")
     _check_settings(args)
     redis_url = os.environ.get("REDIS_URL")
-    embedded = None if redis_url else EmbeddedRedis().start()
+    embedded = None if redis_url else _embedded_redis(args).start()
     redis_url = redis_url or (embedded.url if embedded is not None else "")
     env = dict(os.environ, REDIS_URL=redis_url, ARBOR_HOST=args.host, ARBOR_PORT=str(args.port))
     env.setdefault("ARBOR_WORKERS_PER_HOST", str(args.workers))  # they split this machine's cores
@@ -111,11 +119,21 @@ def run_up(args: argparse.Namespace) -> int:
             embedded.stop()
 
 
+def _embedded_redis(args: argparse.Namespace) -> EmbeddedRedis:
+    """A Redis with its append-only file in the runtime directory (private to the user), one
+    folder per port. A folder left by a stack that was killed is cleared: its jobs' clients are
+    gone."""
+    data_dir = runtime_dir() / f"redis-{args.port}"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return EmbeddedRedis(data_dir=data_dir, appendfsync=args.redis_appendfsync)
+
+
 def _restart_redis(embedded: EmbeddedRedis, restarts: RestartCounts, names: list[str]) -> None:
-    """The embedded Redis died: start it again on the same socket, empty. The gateway and the
-    workers ride out the outage and reconnect; requests in flight end with 503 `job_lost`
-    (their stream entries are gone), new ones are served."""
-    print("arbor up: the embedded Redis exited; starting it again (requests in flight are lost)", file=sys.stderr)
+    """The embedded Redis died: start it again on the same socket, from its append-only file.
+    The gateway and the workers ride out the outage and reconnect; the jobs, their pending
+    entries and event logs are back, so streams in flight continue (a worker's unsent events
+    are resent, and the gateway repairs what pub/sub dropped from the event log)."""
+    print("arbor up: the embedded Redis exited; starting it again from its append-only file", file=sys.stderr)
     embedded.stop(keep_data=True)
     embedded.start()
     restarts.start(names)
@@ -133,7 +151,7 @@ class RestartCounts:
 
     def __init__(self, redis_url: str) -> None:
         timeout_s = REDIS_TIMEOUT_S
-        self._client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._client = sync_client(redis_url, timeout_s)
 
     def start(self, names: list[str]) -> None:
         for name in names:

@@ -63,6 +63,9 @@ class GatewaySettings(BaseSettings):
     max_n: int = Field(8, ge=1)  # ARBOR_MAX_N: largest n accepted
     max_prompts: int = Field(64, ge=1)  # ARBOR_MAX_PROMPTS: prompts in one /v1/completions request
     redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
+    # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm an enqueue (WAIT, up to half the Redis
+    # timeout) before it is accepted; unconfirmed: 503 `redis_no_replica`. 0: no confirmation
+    redis_min_replicas: int = Field(0, ge=0)
     event_poll_s: float = Field(1.0, gt=0)  # ARBOR_EVENT_POLL_S: silence before re-reading the log
     # ARBOR_RESPONSES_TTL_S: how long /v1/responses keeps a stored response (store: true) in Redis
     responses_ttl_s: int = Field(3600, ge=1)
@@ -140,6 +143,9 @@ class WorkerSettings(BaseSettings):
     max_attempts: int = Field(3, ge=1)  # ARBOR_MAX_ATTEMPTS: deliveries before the dead letter
     drain_grace_s: float = Field(30.0, ge=0)  # ARBOR_DRAIN_GRACE_S: finish lanes on SIGTERM
     redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S
+    # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm each batch of events (WAIT) before the
+    # worker counts it as written; unconfirmed batches are sent again. 0: no confirmation
+    redis_min_replicas: int = Field(0, ge=0)
     metrics_port: int = Field(0, ge=0, le=65535)  # ARBOR_METRICS_PORT: serve /metrics here; 0 = off
     metrics_host: str = "127.0.0.1"  # ARBOR_METRICS_HOST: 0.0.0.0 in containers, so Prometheus can scrape
     cache_dir: Path = Path.home() / ".cache" / "arbor"  # ARBOR_CACHE_DIR: converted GGUF weights

@@ -2,8 +2,9 @@
 
 With keys, every path needs `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's
 header, what its SDK and Claude Code send) except /health, /metrics and /openapi.json, which need
-it only when `auth_health_metrics` is set. Keys are compared with `hmac.compare_digest`, against
-every configured key, so timing reveals nothing. A refusal on a /v1/messages path is sent in
+it only when `auth_health_metrics` is set, and the probes /livez and /readyz, which never do.
+Keys are compared with `hmac.compare_digest`, against every configured key, so timing reveals
+nothing. A refusal on a /v1/messages path is sent in
 Anthropic's envelope, elsewhere in OpenAI's.
 """
 
@@ -19,6 +20,7 @@ from gateway import errors
 from gateway.messages_api import errors as messages_errors
 
 OPS_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
+PROBE_PATHS = frozenset({"/livez", "/readyz"})  # a kubelet sends no key; they say only ok or not
 
 
 class AuthMiddleware:
@@ -31,7 +33,7 @@ class AuthMiddleware:
     ) -> None:
         self.app = app
         self._keys = [key.encode() for key in api_keys]
-        self._public = frozenset() if protect_ops else OPS_PATHS
+        self._public = PROBE_PATHS | (frozenset() if protect_ops else OPS_PATHS)
         self._on_reject = on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -3,6 +3,12 @@
 {"status": "ok" | "unavailable", "redis": true,
  "workers": [{"id", "model", "speculation", "ready", "lanes_total", "lanes_busy",
               "heartbeat_age_s"}]}
+
+The probes an orchestrator uses are separate, since /health is about the fleet, not this process:
+restarting a gateway because no worker is ready (a pool scaled down, a model loading) would only
+add an outage. GET /livez: 200 while the process answers at all (liveness). GET /readyz: 200 once
+Redis answers (readiness: it can take requests; with no worker they get a prompt 503).
+Both are open without an API key (a kubelet sends none) and say only ok or unavailable.
 """
 
 from __future__ import annotations
@@ -45,3 +51,17 @@ def _row(beat: Heartbeat) -> dict[str, object]:
         "lanes_busy": beat.lanes_busy,
         "heartbeat_age_s": round(beat.age_s(), 3),
     }
+
+
+async def livez(request: Request) -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> JSONResponse:
+    svc: Services = request.state.services
+    try:
+        async with asyncio.timeout(svc.settings.redis_timeout_s):
+            await svc.redis.ping()
+    except (RedisError, OSError, TimeoutError):
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})

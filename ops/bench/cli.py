@@ -22,6 +22,15 @@ def add_bench_parser(subparsers) -> None:
     _add_pool_parser(commands)
     _add_numerics_parser(commands)
     _add_kernels_parser(commands)
+    _add_failover_parser(commands)
+
+
+def _add_failover_parser(commands) -> None:
+    from ops.bench import failover
+
+    parser = commands.add_parser("failover", help="the stack on a Redis Sentinel set through N failovers")
+    failover.add_arguments(parser)
+    parser.set_defaults(handler=failover.run_from_args)
 
 
 def _add_decode_parser(commands) -> None:

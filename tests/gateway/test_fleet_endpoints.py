@@ -189,3 +189,17 @@ def test_metrics_sum_each_draft_source_across_workers(gateway: GatewayServer, ma
     assert _sample(text, "arbor_spec_source_accepted_tokens_total", **mtp) == 14
     assert _sample(text, "arbor_spec_source_draft_tokens_total", **suffix) == 9
     assert _sample(text, "arbor_spec_source_accepted_tokens_total", **suffix) == 8
+
+
+def test_the_probes_keep_a_gateway_with_no_ready_worker_alive_and_ready(make_gateway) -> None:
+    gateway = make_gateway(api_keys=("k",), auth_health_metrics=True)
+    http = gateway.http()
+    assert http.get("/health").status_code == 401, "the fleet view needs a key here"
+    assert http.get("/livez").json() == {"status": "ok"}, "no key, no worker: alive"
+    assert http.get("/readyz").json() == {"status": "ok"}, "Redis answers: ready for requests"
+
+
+def test_readyz_is_503_and_livez_200_when_redis_is_unreachable(make_gateway) -> None:
+    gateway = make_gateway(redis_url="unix:///tmp/arbor-no-such-redis.sock", redis_timeout_s=0.5)
+    assert gateway.http().get("/readyz").status_code == 503
+    assert gateway.http().get("/livez").status_code == 200, "a Redis outage must not restart the gateway"

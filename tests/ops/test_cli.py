@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 
 def test_parser_builds_without_importing_torch():
@@ -85,3 +86,30 @@ def test_an_unexpected_failure_outside_the_services_is_one_line_too(tmp_path):
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().count("\n") == 0 and "ARBOR_DEBUG=1 shows the traceback" in result.stderr
+
+
+def test_arbor_top_reads_a_fleet_through_a_sentinel_url():
+    from shared import keys
+    from shared.heartbeat import Heartbeat
+    from tests.support.sentinel_set import SentinelSet
+
+    with SentinelSet() as cluster, cluster.master().client() as master:
+        now = time.time()
+        beat = Heartbeat(
+            worker_id="w-sentinel",
+            model="tiny",
+            speculation="ngram",
+            ready=True,
+            lanes_total=4,
+            lanes_busy=1,
+            started_at=now,
+            beat_at=now,
+        )
+        master.hset(keys.worker_heartbeat("w-sentinel"), mapping=beat.to_fields())
+        master.sadd(keys.WORKERS_SET, "w-sentinel")
+        env = dict(os.environ, REDIS_URL=cluster.url, COLUMNS="200")
+        result = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "top", "--once"], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 0, result.stderr
+    assert "w-sentinel" in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import urllib.error
 import urllib.request
 
 from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity
@@ -41,3 +42,27 @@ def test_metrics_endpoint_reads_live_counters():
     assert 'arbor_worker_step_lanes_total{model="tiny",speculation="mtp"} 90.0' in body
     assert 'arbor_worker_spec_draft_length{model="tiny",speculation="mtp"} 2.0' in body
     assert 'arbor_worker_spec_lanes_drafting{model="tiny",speculation="mtp"} 5.0' in body
+
+
+def test_the_metrics_port_answers_the_probes_readyz_following_the_worker() -> None:
+    identity = WorkerIdentity("w1", "tiny", "mtp", lanes_total=4, max_context=512, started_at=0.0)
+    state = {"ready": False}
+    port = _free_port()
+    server = serve_metrics(
+        WorkerCollector(identity, WorkerCounters(), lambda: 0, lambda: 0.0), "127.0.0.1", port, lambda: state["ready"]
+    )
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    try:
+        assert (status("/livez"), status("/readyz")) == (200, 503), "loading: alive, not ready"
+        state["ready"] = True
+        assert (status("/livez"), status("/readyz")) == (200, 200)
+        assert status("/metrics") == 200
+    finally:
+        stop_metrics(server)

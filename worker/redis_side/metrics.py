@@ -5,15 +5,22 @@ totals read from heartbeats (enough for one-scrape dashboards), but per-position
 redeliveries and prefill-cache bytes are per-worker detail that would bloat every heartbeat, and
 per-replica series let Prometheus (DNS discovery, see ops/prometheus) tell workers apart.
 Everything is read from the owner thread's counters at scrape time; nothing is counted twice.
+
+The same port answers an orchestrator's probes: GET /livez (200 while the process serves HTTP at
+all) and GET /readyz (200 once the model is loaded and the worker reads its stream, 503 while it
+loads or drains), so Kubernetes can tell a worker loading a model from one that is stuck.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from wsgiref.simple_server import WSGIServer
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity
 
@@ -112,12 +119,32 @@ def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: flo
     return family
 
 
-def serve_metrics(collector: WorkerCollector, host: str, port: int) -> WSGIServer:
-    """Start the endpoint on a daemon thread; returns the server (stop it with `stop_metrics`)."""
+def serve_metrics(
+    collector: WorkerCollector, host: str, port: int, ready: Callable[[], bool] = lambda: True
+) -> WSGIServer:
+    """Start the endpoint (and the probes) on a daemon thread; returns the server (stop it with
+    `stop_metrics`). `ready()` answers /readyz."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    metrics_app = make_wsgi_app(registry)
+    probes = {"/livez": lambda: True, "/readyz": ready}
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        ok = probe()
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [b"ok\n" if ok else b"unavailable\n"]
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="arbor-metrics", daemon=True).start()
     return server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape every few seconds is no news
+        pass
 
 
 def stop_metrics(server: WSGIServer) -> None:

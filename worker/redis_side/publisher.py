@@ -50,6 +50,13 @@ connection (publishing is idempotent on seq, and acknowledging a job twice answe
 second time). A script Redis no longer knows (restarted) is loaded again; a consumer group that
 vanished (restarted without its data) is recreated, and the resend then finds the jobs no longer
 ours. Callbacks run on the owner thread: they must hand over to the event loop themselves.
+
+With `min_replicas` (a Redis with replicas, e.g. under Sentinel) each batch is followed on its
+connection by `WAIT min_replicas timeout`, and counts as written only once that many replicas
+have it: a batch they do not confirm is sent again (the script skips what already landed), so a
+failover that loses the master's last writes cannot lose an event or a job's progress. Events
+are published before they are confirmed: a client may see a token before its replica has it, and
+the resend carries the same seq and text, which the gateway drops as a duplicate.
 """
 
 from __future__ import annotations
@@ -57,12 +64,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import hiredis
 import redis
 import redis.exceptions
 
 from shared import keys
+from shared.redis_connect import NoReplica
 from worker.redis_side.outbox import Outbox
 from worker.redis_side.redis_io import BATCH_SCRIPT, BatchItem, JobDone, JobRef, PublishResult, batch_call
 
@@ -88,6 +97,7 @@ class Publisher:
         on_orphaned: Callable[[str], object] = lambda request_id: None,
         publish_interval_s: float = 0.0,
         publish_budget: float = 0.0,
+        min_replicas: int = 0,
     ):
         self.pool = pool  # its settings make our connection, which is never borrowed: it stays ours
         self.worker_id = worker_id
@@ -106,6 +116,9 @@ class Publisher:
         self._unheard_since: dict[str, float] = {}  # request id -> when its events stopped being heard
         self._orphaned: set[str] = set()
         self._outbox = Outbox()
+        self.min_replicas = min_replicas  # replicas that must confirm a batch (WAIT); 0: none
+        self._wait_ms = max(int(reply_timeout_s * 500), 1)  # half the reply timeout
+        self._replies: list[object] = []  # the batch in flight's replies read so far (script, WAIT)
         self._connection: redis.connection.AbstractConnection | None = None
         self._sha = ""
         self._batch: list[BatchItem] | None = None  # taken from the outbox, not yet answered
@@ -188,8 +201,12 @@ class Publisher:
         started = time.thread_time()  # after connecting: a batch's cost is what every batch pays
         script_keys, args = batch_call(self._batch, self.worker_id)
         # hiredis packs in C; redis-py's own packing costs the owner ~4x as much per step
-        command = hiredis.pack_command(("EVALSHA", self._sha, len(script_keys), *script_keys, *args))
-        connection.send_packed_command([command], check_health=False)
+        commands = [hiredis.pack_command(("EVALSHA", self._sha, len(script_keys), *script_keys, *args))]
+        if self.min_replicas:
+            wait: tuple[Any, ...] = ("WAIT", self.min_replicas, self._wait_ms)
+            commands.append(hiredis.pack_command(wait))
+        self._replies = []
+        connection.send_packed_command(commands, check_health=False)
         self._sent_at = self._last_sent_at = time.monotonic()
         self._cost_so_far_s += time.thread_time() - started
 
@@ -201,15 +218,23 @@ class Publisher:
             if wait_s > 0 and not connection.can_read(timeout=wait_s):
                 raise redis.exceptions.TimeoutError("not yet")
             # Between steps: one non-blocking read, the cheapest look (a partial reply stays buffered)
-            results = connection.read_response(timeout=0, disconnect_on_error=False)
+            while len(self._replies) < 1 + bool(self.min_replicas):
+                self._replies.append(connection.read_response(timeout=0, disconnect_on_error=False))
         except redis.exceptions.TimeoutError:
             self._cost_so_far_s += time.thread_time() - started
             if time.monotonic() - self._sent_at > self.reply_timeout_s:
                 raise redis.exceptions.TimeoutError(f"no reply within {self.reply_timeout_s:g}s") from None
             return
+        results = self._replies[0]
+        assert isinstance(results, list), results
+        if self.min_replicas and int(str(self._replies[1])) < self.min_replicas:
+            raise NoReplica(f"{self._replies[1]} of {self.min_replicas} replica(s) confirmed the batch")
         batch, self._batch, self._sent_at = self._batch, None, None
         self._backoff_s = BACKOFF_MIN_S
         now = time.monotonic()
+        # A batch sent again (unconfirmed) may find a job it completed the first time gone: its
+        # events are then fenced, yet the job is done, not lost, and its JobDone says so
+        completed = {item.ref.request_id for item in batch if isinstance(item, JobDone)}
         for item, result in zip(batch, results, strict=True):
             request_id = item.ref.request_id
             if isinstance(item, JobDone) or result == PublishResult.FENCED:
@@ -217,7 +242,7 @@ class Publisher:
                 self._orphaned.discard(request_id)
             if isinstance(item, JobDone):
                 self._on_done(item.ref)  # acknowledged, or no longer ours: either way we are done with it
-            elif result == PublishResult.FENCED:
+            elif result == PublishResult.FENCED and request_id not in completed:
                 self._on_lost(request_id)
             elif result == PublishResult.UNHEARD:
                 self._unheard(request_id, now)
@@ -271,6 +296,8 @@ class Publisher:
     def _refused(self, error: redis.exceptions.ResponseError) -> None:
         """An error reply: the batch did not run (NOSCRIPT) or stopped part-way (a script error)."""
         self._sent_at = None
+        if self.min_replicas:
+            self._disconnect()  # the WAIT's reply is still to come on it: never read it as another's
         if isinstance(error, redis.exceptions.NoScriptError):
             self._disconnect()  # the next send connects again, and loads the script first
             return

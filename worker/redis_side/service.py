@@ -37,6 +37,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.heap import freeze_startup_heap
 from shared.protocol import parse_control
+from shared.redis_connect import async_client, sync_pool
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
@@ -86,6 +87,7 @@ class ServiceConfig:
     max_attempts: int = 3
     drain_grace_s: float = 30.0
     redis_timeout_s: float = 5.0
+    redis_min_replicas: int = 0  # replicas that confirm each event batch (WAIT) before it counts
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # 0: no /metrics endpoint of its own
     stream_interval: int = 1  # tokens a delta gathers before it is published (first output: at once)
@@ -115,6 +117,7 @@ class ServiceConfig:
             max_attempts=settings.max_attempts,
             drain_grace_s=settings.drain_grace_s,
             redis_timeout_s=settings.redis_timeout_s,
+            redis_min_replicas=settings.redis_min_replicas,
             metrics_host=settings.metrics_host,
             metrics_port=settings.metrics_port,
             stream_interval=settings.stream_interval,
@@ -169,12 +172,7 @@ class WorkerService:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain. Raises if the model cannot be loaded."""
-        client = redis.asyncio.Redis.from_url(
-            self.config.redis_url,
-            decode_responses=True,
-            socket_timeout=self.config.redis_timeout_s,
-            socket_connect_timeout=self.config.redis_timeout_s,
-        )
+        client = async_client(self.config.redis_url, self.config.redis_timeout_s)
         stop_metrics = self._serve_metrics()
         try:
             await self._serve(client, stop)
@@ -194,7 +192,8 @@ class WorkerService:
             lambda: self.capacity.held,
             lambda: self._publisher_in_use.interval_s if self._publisher_in_use else 0.0,
         )
-        server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port)
+        ready = lambda: self._ready and not self._draining  # noqa: E731
+        server = serve_metrics(collector, self.config.metrics_host, self.config.metrics_port, ready)
         return lambda: stop_metrics(server)
 
     async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
@@ -247,9 +246,7 @@ class WorkerService:
     def _publisher(self, loop: asyncio.AbstractEventLoop) -> Publisher:
         """The owner thread's publisher; it connects on its first batch."""
         config = self.config
-        pool = redis.ConnectionPool.from_url(
-            config.redis_url, socket_timeout=config.redis_timeout_s, socket_connect_timeout=config.redis_timeout_s
-        )
+        pool = sync_pool(config.redis_url, config.redis_timeout_s)
         return Publisher(
             pool,
             config.worker_id,
@@ -261,6 +258,7 @@ class WorkerService:
             orphan_timeout_s=config.orphan_timeout_s,
             publish_interval_s=config.publish_interval_s,
             publish_budget=config.publish_budget,
+            min_replicas=config.redis_min_replicas,
             on_orphaned=lambda request_id: loop.call_soon_threadsafe(self._orphaned, request_id),
         )
 
