@@ -42,6 +42,7 @@ class Stack:
         worker_threads: int | None,
         ready_timeout_s: float,
         max_workers: int = 1,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
@@ -53,6 +54,7 @@ class Stack:
         self._worker_threads = worker_threads
         self._max_workers = max_workers  # they split the machine's cores (worker/thread_count.py)
         self._ready_timeout_s = ready_timeout_s
+        self._extra_env = dict(extra_env or {})  # more worker settings (ARBOR_QUANTIZE, ...)
         self._redis: EmbeddedRedis | None = None
         self._gateway: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -108,7 +110,7 @@ class Stack:
 
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
         assert self._redis is not None
-        env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype)
+        env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype, **self._extra_env)
         env["ARBOR_WORKERS_PER_HOST"] = str(self._max_workers)
         if self._worker_threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self._worker_threads)
