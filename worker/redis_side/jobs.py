@@ -30,7 +30,7 @@ THINK_START, THINK_END = "<think>", "</think>"
 FORCED_CLOSE = "\n" + THINK_END + "\n\n"  # what a spent reasoning budget appends
 _NUM_TAIL_IDS = 8  # prompt ids decoded to see whether the template opened the think tag
 # Set by the worker itself; a request's chat_template_kwargs cannot override them.
-_RESERVED_TEMPLATE_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+RESERVED_TEMPLATE_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 class PoisonJob(ValueError):
@@ -143,7 +143,7 @@ def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]
         _check_in_vocabulary("prompt", prompt, served)
         return list(prompt)
     tools = _tools(request)
-    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_ARGS}
     try:
         return served.encode_chat(chat_messages(request.messages), tools, **kwargs)
     except ChatTemplateError as error:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from shared.protocol import ErrorCode, Job
 from shared.tokenizer_api import DetokenizeRequest, TokenizeRequest, TokenizerJob
 from worker.chat.template import ChatTemplateError
-from worker.redis_side.jobs import JobRejected, PoisonJob, chat_messages
+from worker.redis_side.jobs import RESERVED_TEMPLATE_ARGS, JobRejected, PoisonJob, chat_messages
 from worker.serving_model import ServingModel
 
 
@@ -61,7 +61,7 @@ def _chat_ids(request: TokenizeRequest, served: ServingModel) -> list[int]:
     if served.template is None:
         raise JobRejected(f"messages: model {served.name} has no chat template", ErrorCode.INVALID_REQUEST)
     tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
-    kwargs = dict(request.chat_template_kwargs or {})
+    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_ARGS}
     try:
         text = served.template.render(
             chat_messages(request.messages), tools=tools, add_generation_prompt=request.add_generation_prompt, **kwargs
