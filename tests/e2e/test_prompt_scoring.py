@@ -156,3 +156,14 @@ def test_a_token_outside_the_vocabulary_is_a_400_from_the_worker(http: httpx.Cli
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and "10" in error["message"] and "tokens" in error["message"]
+
+
+def test_a_batch_of_prompts_scores_each_as_alone(http: httpx.Client, tiny: Path) -> None:
+    prompts = [encode(tiny, TEXT), encode(tiny, "def add(a, b): return a + b")]
+    body = {"model": TINY_MODEL, "max_tokens": 0, "logprobs": 0, "echo": True}
+    batch = http.post("/v1/completions", json=body | {"prompt": prompts}).json()["choices"]
+    alone = [http.post("/v1/completions", json=body | {"prompt": ids}).json()["choices"][0] for ids in prompts]
+    assert [choice["logprobs"]["token_logprobs"] for choice in batch] == [
+        choice["logprobs"]["token_logprobs"] for choice in alone
+    ]
+    assert [len(choice["logprobs"]["tokens"]) for choice in batch] == [len(ids) for ids in prompts]
