@@ -6,7 +6,9 @@ lm-eval reads the tokenizer from the server (`tokenizer_backend=remote`: /tokeni
 token ids (`tokenized_requests=True`), so the context/continuation split it scores is exactly the
 tokens the server scores. Loglikelihoods come from `echo` + `logprobs` with `max_tokens: 1`.
 Nothing is downloaded: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set, the `json` dataset builder
-reads the local files, and the datasets cache lives in the results folder.
+reads the local files, and the datasets cache lives in the results folder. With an API key, lm-eval
+gets it as OPENAI_API_KEY (completions) and in its model_args (its tokenizer calls: the key is in
+its command line while it runs), and the key is scrubbed from what it wrote.
 """
 
 from __future__ import annotations
@@ -61,12 +63,16 @@ def run_eval(
     files = write_tasks(out / "tasks", num_items)
     started = time.monotonic()
     command = lm_eval_command(base_url, model, max_context, files.folder, tasks, out / "lm-eval", num_concurrent)
+    if api_key:  # its tokenizer calls send this one (its completions send OPENAI_API_KEY's)
+        command[command.index("--model_args") + 1] += f",auth_token={api_key}"
     log_path = out / "lm-eval.log"
     with log_path.open("wb") as log:
         completed = subprocess.run(
             command, env=_offline_env(out, api_key), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s
         )
     wall_s = time.monotonic() - started
+    if api_key:
+        _scrub(out / "lm-eval", api_key)
     if completed.returncode != 0:
         tail = log_path.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"lm-eval exited with {completed.returncode} (log {log_path}):\n{tail}")
@@ -160,6 +166,14 @@ def _offline_env(out: Path, api_key: str | None) -> dict[str, str]:
     if api_key:
         env["OPENAI_API_KEY"] = api_key  # local-completions sends it as the bearer token
     return env
+
+
+def _scrub(folder: Path, secret: str) -> None:
+    """lm-eval writes its model_args, the key among them, into its results: the key goes."""
+    for path in folder.rglob("*.json*"):
+        text = path.read_text(errors="replace")
+        if secret in text:
+            path.write_text(text.replace(secret, "<redacted>"))
 
 
 def _auth(api_key: str | None) -> dict[str, str]:
