@@ -7,11 +7,11 @@ ones append argument fragments, exactly as an OpenAI client reassembles a stream
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.openai_responses import PromptTokensDetails, UsageInfo
 from shared.openai_messages import ToolCall, ToolCallFunction
-from shared.protocol import DeltaEvent, FinalEvent, FinalStats, TokenLogprob, ToolCallDelta
+from shared.protocol import DeltaEvent, FinalEvent, FinalStats, PromptLogprob, TokenLogprob, ToolCallDelta
 
 
 @dataclass(slots=True)
@@ -37,12 +37,14 @@ class ChoiceState:
     reasoning: list[str] = field(default_factory=list)
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprob] | None = None  # the first heard (a resumed job sends them again)
     finish_reason: str | None = None
     stop_sequence: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     stats: FinalStats | None = None  # the worker's, from the final event
+    result: dict[str, Any] | None = None  # a tokenize job's reply
 
     def add_delta(self, event: DeltaEvent) -> None:
         self.text.append(event.text)
@@ -50,6 +52,8 @@ class ChoiceState:
         for delta in event.tool_calls:
             self.calls.setdefault(delta.index, _PartialCall()).merge(delta)
         self.logprobs.extend(event.logprobs or [])
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = event.prompt_logprobs
 
     def add_final(self, event: FinalEvent) -> None:
         self.finish_reason = event.finish_reason
@@ -58,6 +62,7 @@ class ChoiceState:
         self.completion_tokens = event.usage.completion_tokens
         self.cached_tokens = event.usage.cached_tokens
         self.stats = event.stats
+        self.result = event.result
 
     def tool_calls(self) -> list[ToolCall]:
         return [self.calls[index].tool_call() for index in sorted(self.calls)]

@@ -34,6 +34,7 @@ from gateway.routes.generate import chat_completions, completions
 from gateway.routes.health import health, livez, readyz
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models, retrieve_model
+from gateway.routes.tokenize import detokenize, tokenize, tokenizer_info
 from gateway.services import Services
 from shared.openai_schema import Limits
 from shared.redis_connect import async_client
@@ -53,6 +54,9 @@ ROUTES = [
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/livez", livez, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),

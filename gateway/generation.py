@@ -178,8 +178,8 @@ class Generation:
         return GenerationFailed(error)
 
     def _observe(self, event: DeltaEvent | FinalEvent) -> None:
-        if self.job.kind == "count":
-            return  # a prompt counted, nothing generated: no request to report
+        if self.job.kind in ("count", "tokenize"):
+            return  # a prompt counted or tokenized, nothing generated: no request to report
         metrics = self._svc.metrics
         now = asyncio.get_running_loop().time()
         if isinstance(event, FinalEvent):
@@ -194,7 +194,7 @@ class Generation:
         self._last_delta_at = now
 
     def _observe_finish(self) -> None:
-        if self.job.kind == "count":
+        if self.job.kind in ("count", "tokenize"):
             return
         metrics = self._svc.metrics
         usage = self.outcome.usage()

@@ -13,7 +13,7 @@ from shared.openai_schema import ChatCompletionRequest, GenerationRequest
 from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 from shared.redis_connect import NoReplica
 
-ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl", "count": "count"}
+ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl", "count": "count", "tokenize": "tok"}
 MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
 
 # KEYS: the model's stream, the request's enqueued marker.  ARGV: the marker's ttl, the queue
@@ -43,7 +43,8 @@ def new_job(
 ) -> Job:
     """The job for a validated request; max_tokens is resolved here so workers see one number.
     `make_id` turns the id prefix into a request id (the event hub's, so it hears the events)."""
-    updates: dict[str, int | None] = {"max_tokens": req.requested_max_tokens() or default_max_tokens}
+    requested = req.requested_max_tokens()
+    updates: dict[str, int | None] = {"max_tokens": default_max_tokens if requested is None else requested}
     if isinstance(req, ChatCompletionRequest):
         updates["max_completion_tokens"] = None
     body = req.model_copy(update=updates).model_dump_json(exclude_none=True)

@@ -22,6 +22,7 @@ from gateway.openai_responses import (
 from gateway.responses_api.objects import DeletedResponse, ResponseObject
 from gateway.responses_api.request import ResponsesRequest
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest
+from shared.tokenizer_api import DetokenizeRequest, TokenizeRequest
 
 REF = "#/components/schemas/{model}"
 _MODELS: list[tuple[type[BaseModel], Any]] = [
@@ -38,6 +39,8 @@ _MODELS: list[tuple[type[BaseModel], Any]] = [
     (ResponsesRequest, "validation"),
     (ResponseObject, "serialization"),
     (DeletedResponse, "serialization"),
+    (TokenizeRequest, "validation"),
+    (DetokenizeRequest, "validation"),
 ]
 
 
@@ -79,6 +82,20 @@ def _anthropic(summary: str, request: type[BaseModel]) -> dict[str, Any]:
                 "200": {"description": "Anthropic's reply (JSON, or server-sent events with stream=true)"},
                 "default": {"description": 'An error: {"type": "error", "error": {"type", "message"}}'},
             },
+        }
+    }
+
+
+def _error_response() -> dict[str, Any]:
+    return {"description": "An error", "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
+
+
+def _tokenizer(summary: str, request: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {"200": {"description": "OK"}, "default": _error_response()},
         }
     }
 
@@ -125,6 +142,15 @@ def build_openapi() -> dict[str, Any]:
                 }
             },
             **_responses_paths(),
+            "/tokenize": _tokenizer("vLLM's tokenize: {count, max_model_len, tokens, token_strs}", TokenizeRequest),
+            "/detokenize": _tokenizer("vLLM's detokenize: {prompt}", DetokenizeRequest),
+            "/tokenizer_info": {
+                "get": {
+                    "summary": "The tokenizer's special tokens, chat template and model_max_length",
+                    "parameters": [{"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "OK"}, "default": _error_response()},
+                }
+            },
             "/health": {"get": {"summary": "Redis and at least one ready worker", "responses": plain}},
             "/livez": {"get": {"summary": "The process answers (liveness)", "responses": plain}},
             "/readyz": {"get": {"summary": "Redis answers (readiness)", "responses": plain}},

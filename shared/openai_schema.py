@@ -344,10 +344,13 @@ class ChatCompletionRequest(_GenerationRequest):
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False  # each choice's text starts with its prompt's text
+    # 0 only with echo or prompt_logprobs: the prompt is scored, nothing is generated
+    max_tokens: int | None = Field(None, ge=0)
+    echo: bool = False  # each choice's text starts with its prompt's text (with logprobs: and its logprobs)
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = Field(None, ge=0, le=20)  # legacy: how many top logprobs per token
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob and the top n
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -396,10 +399,16 @@ class CompletionRequest(_GenerationRequest):
         return [self.model_copy(update={"prompt": prompt}) for prompt in self.prompts()]
 
     @model_validator(mode="after")
-    def _echo_without_prompt_logprobs(self) -> CompletionRequest:
-        if self.echo and self.logprobs is not None:
-            raise UnsupportedField("echo", "with logprobs is not supported (it needs the prompt's logprobs)")
+    def _scores_the_prompt_without_tokens(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
+            raise UnsupportedField("max_tokens", "0 needs echo or prompt_logprobs (otherwise nothing is returned)")
         return self
+
+    def num_prompt_logprobs(self) -> int | None:
+        """Top logprobs per prompt token the worker computes (None: no prompt logprobs): echo with
+        logprobs asks for the legacy list, prompt_logprobs for vLLM's; both at once get the wider."""
+        wanted = [n for n in (self.logprobs if self.echo else None, self.prompt_logprobs) if n is not None]
+        return max(wanted, default=None)
 
     @field_validator("suffix")
     @classmethod
@@ -429,7 +438,8 @@ def _prompt_list(prompt: Any) -> list[Any]:
 def to_sampling_params(req: GenerationRequest, default_max_tokens: int = 256) -> SamplingParams:
     """The sampler's view of a request; OpenAI defaults where the request is silent."""
     top_k = req.top_k or 0
-    max_tokens = req.requested_max_tokens() or default_max_tokens
+    requested = req.requested_max_tokens()
+    max_tokens = default_max_tokens if requested is None else requested
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,

@@ -13,7 +13,9 @@ A request's life, with the Redis names from `shared.keys`:
    It re-validates `Job.body` with `shared.openai_schema` (no limits context) and reads:
    `to_sampling_params(req)` (max_tokens is always set by the gateway), `n` (one lane per choice
    or a lane with n streams: every event names its `choice`), chat `logprobs` / `top_logprobs`,
-   completion `logprobs` (top-k count), `tools`, `chat_template_kwargs`,
+   completion `logprobs` (top-k count), `echo` and `prompt_logprobs` (the prompt's logprobs:
+   `CompletionRequest.num_prompt_logprobs()`, sent in a delta of their own before the first token),
+   `tools`, `chat_template_kwargs`,
    `reasoning_budget_tokens()`, and `CompletionRequest.prompt_value()`. A job already past its
    `deadline` gets an `ErrorEvent` with code `deadline_exceeded`.
 3. Every event is written atomically (a Lua script, fenced on ownership; a batch of events is
@@ -52,7 +54,8 @@ EVENT_LOG_TTL_S = 600  # refreshed on every RPUSH, so it outlives any gap the ga
 JOB_STATE_TTL_S = 600  # refreshed on every event
 CANCEL_TTL_S = 600
 
-JobKind = Literal["chat", "completion", "count"]  # count: a chat body whose prompt is only counted
+# count: a chat body whose prompt is only counted; tokenize: a `shared.tokenizer_api.TokenizerJob`
+JobKind = Literal["chat", "completion", "count", "tokenize"]
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
 
@@ -154,6 +157,21 @@ class TokenLogprob(BaseModel):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """One prompt token's logprob given the tokens before it (the first token has none: logprob
+    and rank None). `rank`: 1 for the most likely token. `top`: the most likely tokens, most
+    likely first, their ids in `top_ids`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_id: int
+    token: str
+    logprob: float | None
+    rank: int | None
+    top_ids: list[int] = Field(default_factory=list)
+    top: list[TopLogprob] = Field(default_factory=list)
+
+
 class FunctionDelta(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -213,6 +231,8 @@ class DeltaEvent(_EventBase):
     token_ids: list[int] = Field(default_factory=list)
     tool_calls: list[ToolCallDelta] = Field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one entry per token in token_ids, when asked
+    # Every prompt token's, once per choice before its first token, when asked
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 class FinalEvent(_EventBase):
@@ -222,6 +242,7 @@ class FinalEvent(_EventBase):
     stop_sequence: str | None = None  # the stop string that ended the text (finish_reason "stop")
     usage: Usage
     stats: FinalStats = Field(default_factory=FinalStats)
+    result: dict[str, Any] | None = None  # a tokenize job's reply (shared.tokenizer_api)
 
 
 class ErrorEvent(_EventBase):

@@ -33,7 +33,8 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be at least 1")
+        # 0: nothing is generated (a completion that only scores its prompt: echo or prompt_logprobs)
+        _check(self.max_tokens >= 0, "max_tokens", self.max_tokens, "must be at least 0")
         _check(self.temperature >= 0.0, "temperature", self.temperature, "must be >= 0")
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]")
         _check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 disables it)")

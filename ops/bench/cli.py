@@ -23,6 +23,7 @@ def add_bench_parser(subparsers) -> None:
     _add_numerics_parser(commands)
     _add_kernels_parser(commands)
     _add_failover_parser(commands)
+    _add_quality_parser(commands)
 
 
 def _add_failover_parser(commands) -> None:
@@ -230,6 +231,31 @@ def _add_kernels_parser(commands) -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads for both")
     parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
     parser.set_defaults(handler=_run_kernels)
+
+
+def _add_quality_parser(commands) -> None:
+    from ops.eval.quality import DEFAULT_CONFIGS
+
+    parser = commands.add_parser("quality", help="arbor eval per weight format and speculation mode, with gates")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--configs", default=",".join(DEFAULT_CONFIGS), help="label=speculation:dtype:quantize, comma-separated"
+    )
+    parser.add_argument("--items", type=int, default=50, help="items per task")
+    parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
+    parser.set_defaults(handler=_run_quality)
+
+
+def _run_quality(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from ops.eval.quality import Config, passed, run_quality
+
+    args = _default_model_as_none(args)
+    configs = [Config.parse(text) for text in args.configs.split(",") if text]
+    out = Path(args.out) if args.out else Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    return 0 if passed(run_quality(args.model, configs, args.items, out / "quality")) else 1
 
 
 def _run_numerics(args: argparse.Namespace) -> int:

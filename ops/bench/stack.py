@@ -43,6 +43,7 @@ class Stack:
         ready_timeout_s: float,
         max_workers: int = 1,
         prefill_cache_bytes: int | None = 0,  # None: the worker's own default
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
@@ -55,6 +56,7 @@ class Stack:
         self._max_workers = max_workers  # they split the machine's cores (worker/thread_count.py)
         self._ready_timeout_s = ready_timeout_s
         self._prefill_cache_bytes = prefill_cache_bytes
+        self._extra_env = dict(extra_env or {})  # more worker settings (ARBOR_QUANTIZE, ...)
         self._redis: EmbeddedRedis | None = None
         self._gateway: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -112,7 +114,7 @@ class Stack:
 
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
         assert self._redis is not None
-        env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype)
+        env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype, **self._extra_env)
         env["ARBOR_WORKERS_PER_HOST"] = str(self._max_workers)
         if self._worker_threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self._worker_threads)

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from shared import keys
 from shared.heartbeat import Heartbeat
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest
 from shared.protocol import EVENT_LOG_TTL_S, JOB_STATE_TTL_S, Job, JobState, parse_event
+from shared.tokenizer_api import TokenizerJob
 
 BLOCK_MS = 50
 HEARTBEAT_TTL_S = 3
@@ -211,7 +212,9 @@ class ProtocolPeer:
             time.sleep(0.02)
 
     def _check_body(self, job: Job) -> None:
-        model = CompletionRequest if job.kind == "completion" else ChatCompletionRequest
+        model: type[BaseModel] = {"completion": CompletionRequest, "tokenize": TokenizerJob}.get(
+            job.kind, ChatCompletionRequest
+        )
         try:
             model.model_validate_json(job.body)
         except ValidationError as exc:

@@ -147,7 +147,8 @@ def test_completion_logprobs_use_the_legacy_shape(gateway: GatewayServer, make_p
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"echo": True, "logprobs": 0}, "echo"),
+        ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo or prompt_logprobs
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"suffix": "end"}, "suffix"),
         ({"best_of": 2}, "best_of"),
         ({"prompt": ["a"] * 65}, "prompt"),  # over ARBOR_MAX_PROMPTS (64)

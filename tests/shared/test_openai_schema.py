@@ -282,7 +282,8 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo or prompt_logprobs
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 3}, "best_of"),
         ({"prompt": ["a"] * 65}, "prompt"),  # over LIMITS' max_prompts
@@ -295,6 +296,17 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
 )
 def test_refused_completion_fields_are_named(fields: dict, param: str) -> None:
     assert refused(CompletionRequest, **fields)[0] == param
+
+
+def test_prompt_logprobs_are_asked_by_echo_with_logprobs_or_prompt_logprobs() -> None:
+    def num(**fields) -> int | None:
+        return CompletionRequest.model_validate({"model": "m", "prompt": "p", **fields}).num_prompt_logprobs()
+
+    assert num(echo=True, logprobs=1, max_tokens=0) == 1
+    assert num(logprobs=5) is None and num(echo=True) is None  # generated tokens' only; echo's text only
+    assert num(prompt_logprobs=0) == 0 and num(echo=True, logprobs=2, prompt_logprobs=4) == 4
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "p", "echo": True, "max_tokens": 0})
+    assert to_sampling_params(req, default_max_tokens=16).max_tokens == 0
 
 
 @pytest.mark.parametrize("prompt", [["a", [1]], 5, [1.5], [["a"]], [True], [[1, "x"]], {"a": 1}])

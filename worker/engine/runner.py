@@ -28,6 +28,7 @@ from shared.sampling import SamplingParams
 from worker.drafters.base import Drafter, TargetStates, learns_from_outputs, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
 from worker.engine.logits_processing import make_generator
+from worker.engine.prompt_logprobs import PromptLogprobs
 from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, takes_argmax, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
@@ -123,10 +124,12 @@ class ModelRunner:
         params: SamplingParams,
         resumed_ids: Seq[int] = (),
         pool: KVPool | None = None,
+        num_prompt_logprobs: int | None = None,
     ) -> Sequence:
         """A new sequence; `resumed_ids` are tokens already emitted for it (by a worker that died).
         Its K/V live in blocks of `pool` (serving) or else in a buffer of its own (generate, tests,
-        and hybrid models, whose recurrent state is not K/V)."""
+        and hybrid models, whose recurrent state is not K/V). `num_prompt_logprobs`: its prefill
+        records the prompt's logprobs with that many top tokens (`sequence.prompt_logprobs`)."""
         self.check_fits(len(prompt_ids), params.max_tokens)
         capacity = len(prompt_ids) + params.max_tokens + self.max_draft_nodes + 1
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
@@ -139,6 +142,8 @@ class ModelRunner:
             output_ids=list(resumed_ids),
             stop_ids=stop_ids,
         )
+        if num_prompt_logprobs is not None:
+            sequence.prompt_logprobs = PromptLogprobs(len(prompt_ids), num_prompt_logprobs)
         if params.structured is not None:
             sequence.constraint = self._constraint(params, stop_ids)
         if self.drafter is not None:
@@ -240,7 +245,10 @@ class ModelRunner:
         if work.is_prefill:
             token_ids = sequence.token_ids[start : start + work.num_prefill]
             sequence.cache.reserve(start + work.num_prefill)
-            work.rows = LaneRows(token_ids, list(range(start, start + work.num_prefill)), sequence.cache, None, 0)
+            num_logits = 0 if _prompt_scored(sequence) else None  # None: every row's, to score the prompt
+            work.rows = LaneRows(
+                token_ids, list(range(start, start + work.num_prefill)), sequence.cache, None, num_logits
+            )
             return
         if not work.proposed and len(work.forced) < 2:
             work.tree = self._propose(sequence)
@@ -302,8 +310,12 @@ class ModelRunner:
         assert out is not None and rows is not None
         start = sequence.cache.length
         if work.is_prefill:
+            if not _prompt_scored(sequence):
+                assert sequence.prompt_logprobs is not None
+                sequence.prompt_logprobs.record(start, out.logits, sequence.token_ids)
             sequence.cache.commit(work.num_prefill)
             work.observed = self._observe(sequence, rows.token_ids, start, out, rows=None)
+            self._finish_if_done(sequence)  # max_tokens 0: done once the prompt is scored
             return
         tree = work.tree
         verdict = accept(sequence, tree, out.logits, work.targets)
@@ -434,6 +446,8 @@ class ModelRunner:
         return emitted
 
     def _finish_if_done(self, sequence: Sequence) -> None:
+        if not _prompt_scored(sequence):
+            return  # its prompt's logprobs are still to come from its prefill
         if len(sequence.output_ids) >= sequence.params.max_tokens:
             sequence.finish_reason = "length"
         elif sequence.output_ids and sequence.output_ids[-1] in sequence.stop_ids:
@@ -449,3 +463,8 @@ def _starts_with(tree: DraftTree, tokens: list[int]) -> bool:
             return False
         node = child
     return True
+
+
+def _prompt_scored(sequence: Sequence) -> bool:
+    """Not asked for, or all recorded: its prefill needs no logits."""
+    return sequence.prompt_logprobs is None or sequence.prompt_logprobs.complete

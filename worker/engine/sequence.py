@@ -14,6 +14,7 @@ import torch
 
 from shared.sampling import SamplingParams
 from worker.engine.grammar_constraint import GrammarConstraint
+from worker.engine.prompt_logprobs import PromptLogprobs
 from worker.engine.stats import SpecStats
 from worker.models.kv_cache import KVCache
 from worker.models.kv_pool import PagedKVCache
@@ -33,6 +34,7 @@ class Sequence:
     stop_ids: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignore_eos) and stop_token_ids
     constraint: GrammarConstraint | None = None  # a structured output's progress (params.structured)
     draft_limit: int | None = None  # draft nodes its next decode step may verify (None: the drafter's all)
+    prompt_logprobs: PromptLogprobs | None = None  # asked for: its prefill computes logits for every row
 
     @property
     def token_ids(self) -> list[int]:

@@ -9,7 +9,9 @@ tokenizer, sampling; off the event loop if the body is long or may carry a struc
 whose grammar is compiled then) and hand it to the owner thread.
 
 A job of kind "count" (`/v1/messages/count_tokens`) ends here: once its prompt is rendered and
-tokenized, one final event carries the count and the job is done, never reaching the owner.
+tokenized, one final event carries the count and the job is done, never reaching the owner. So
+does a "tokenize" job (/tokenize, /detokenize, /tokenizer_info): its final event's `result` is the
+endpoint's reply (`worker.redis_side.tokenizer_job`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from shared.protocol import ErrorCode, ErrorEvent, FinalEvent, Job, JobState, Usage
+from worker.redis_side import tokenizer_job
 from worker.redis_side.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
 from worker.redis_side.redis_io import Claim, JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
 from worker.serving_model import ServingModel
@@ -76,6 +80,10 @@ class Intake:
         assert self.served is not None
         args = (job, ref.entry_id, ref.attempt, state, self.served, self.max_lanes)
         try:
+            if job.kind == "tokenize":
+                result = await asyncio.to_thread(tokenizer_job.answer, job, self.served)
+                await self._final(ref, state, Usage(prompt_tokens=0, completion_tokens=0), result)
+                return
             off_loop = prepare_off_loop(job, self.served)
             spec = await asyncio.to_thread(build_spec, *args) if off_loop else build_spec(*args)
         except PoisonJob as error:
@@ -90,14 +98,14 @@ class Intake:
             await self._end_with_error(ref, state, ErrorCode.INTERNAL_ERROR, message, dead_letter=fields)
             return
         if spec.kind == "count":
-            await self._counted(ref, state, len(spec.prompt_ids))
+            await self._final(ref, state, Usage(prompt_tokens=len(spec.prompt_ids), completion_tokens=0))
             return
         self.hand_over(spec, ref)
 
-    async def _counted(self, ref: JobRef, state: JobState, num_prompt_tokens: int) -> None:
-        usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=0)
+    async def _final(self, ref: JobRef, state: JobState, usage: Usage, result: dict[str, Any] | None = None) -> None:
+        """The one event of a job answered here (count, tokenize), then done."""
         event = FinalEvent(
-            id=ref.request_id, attempt=ref.attempt, seq=state.next_seq, finish_reason="stop", usage=usage
+            id=ref.request_id, attempt=ref.attempt, seq=state.next_seq, finish_reason="stop", usage=usage, result=result
         )
         if (await self.io.publish([Publication(ref, event)]))[0] is not PublishResult.FENCED:
             await self.io.complete(ref)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
+from shared.openai_messages import Message
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest, GenerationRequest, to_sampling_params
 from shared.protocol import ErrorCode, Job, JobState
 from shared.sampling import SamplingParams
@@ -29,7 +30,7 @@ THINK_START, THINK_END = "<think>", "</think>"
 FORCED_CLOSE = "\n" + THINK_END + "\n\n"  # what a spent reasoning budget appends
 _NUM_TAIL_IDS = 8  # prompt ids decoded to see whether the template opened the think tag
 # Set by the worker itself; a request's chat_template_kwargs cannot override them.
-_RESERVED_TEMPLATE_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+RESERVED_TEMPLATE_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 class PoisonJob(ValueError):
@@ -93,7 +94,8 @@ def build_spec(
     prompt_ids = encode_prompt(request, served)
     runner = served.runner
     room = max(runner.max_context - len(prompt_ids), 1)
-    max_tokens = request.requested_max_tokens() or room
+    requested = request.requested_max_tokens()
+    max_tokens = room if requested is None else requested
     if isinstance(request, ChatCompletionRequest) and request.fit_max_tokens and max_tokens > room:
         max_tokens = room
         request = request.model_copy(update={"max_tokens": room, "max_completion_tokens": None})
@@ -141,9 +143,9 @@ def encode_prompt(request: GenerationRequest, served: ServingModel) -> list[int]
         _check_in_vocabulary("prompt", prompt, served)
         return list(prompt)
     tools = _tools(request)
-    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_ARGS}
     try:
-        return served.encode_chat(_messages(request), tools, **kwargs)
+        return served.encode_chat(chat_messages(request.messages), tools, **kwargs)
     except ChatTemplateError as error:
         raise JobRejected(str(error), ErrorCode.INVALID_REQUEST) from error
 
@@ -158,7 +160,9 @@ def output_options(
     )
     if isinstance(request, CompletionRequest):
         echo = _prompt_text(request, served) if request.echo else ""
-        return replace(stops, num_logprobs=request.logprobs, echo=echo)
+        return replace(
+            stops, num_logprobs=request.logprobs, echo=echo, num_prompt_logprobs=request.num_prompt_logprobs()
+        )
     num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     tools = _tools(request)
     parse_tool_calls = tools is not None
@@ -200,11 +204,12 @@ def _reasoning(request: ChatCompletionRequest, served: ServingModel, prompt_ids:
     return ReasoningOptions(THINK_START, THINK_END, tail.rstrip().endswith(THINK_START), budget, close_ids)
 
 
-def _messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
-    messages = flatten_text_parts([message.model_dump(exclude_none=True) for message in request.messages])
+def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """A request's messages as the chat template reads them."""
+    flat = flatten_text_parts([message.model_dump(exclude_none=True) for message in messages])
     # `content: null` (an assistant turn that only calls tools) becomes "", as vLLM hands it to
     # string-content templates, which read `message.content` unguarded.
-    return [_parse_tool_call_arguments({"content": "", **message}) for message in messages]
+    return [_parse_tool_call_arguments({"content": "", **message}) for message in flat]
 
 
 def _parse_tool_call_arguments(message: dict[str, Any]) -> dict[str, Any]:

@@ -27,10 +27,11 @@ from typing import Any
 
 import tokenizers
 
-from shared.protocol import TokenLogprob, TopLogprob
+from shared.protocol import PromptLogprob, TokenLogprob, TopLogprob
 from worker.chat.reasoning import ReasoningParser
 from worker.chat.tool_parser import make_tool_parser
 from worker.engine.logits_processing import TokenLogprobs
+from worker.engine.prompt_logprobs import PromptLogprobs
 from worker.engine.text_output import TextOutput
 
 
@@ -55,6 +56,7 @@ class OutputOptions:
     tool_parser: str = "hermes"  # a name in worker.chat.tool_parser.TOOL_PARSERS
     tool_schemas: Mapping[str, Any] = field(default_factory=dict)  # function name -> parameters schema
     num_logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
+    num_prompt_logprobs: int | None = None  # None: none; k: each prompt token's and the top k
 
 
 @dataclass(slots=True)
@@ -112,7 +114,7 @@ class LaneOutput:
 
     def add(self, token_ids: Sequence[int]) -> LaneDelta:
         if self._reasoning is None and self._tools is None:  # plain text: no parser's delta per token
-            echo, self._echo = (self._echo, "") if token_ids else ("", self._echo)
+            echo = self.take_echo() if token_ids else ""
             return LaneDelta(text=echo + "".join([self._text.add((token,)) for token in token_ids]))
         delta = LaneDelta()
         for token in token_ids:
@@ -123,11 +125,17 @@ class LaneOutput:
                 self.num_reasoning_tokens += 1
         return delta
 
+    def take_echo(self) -> str:
+        """The prompt's text, once: with the first output (or with the prompt's logprobs)."""
+        echo, self._echo = self._echo, ""
+        return echo
+
     def finish(self) -> LaneDelta:
         """Everything held back, at the end of the lane (nothing, after the one call allowed)."""
         if self._call_made_alone:
             return LaneDelta()
         delta = self._route(self._text.finish())
+        delta.text = self.take_echo() + delta.text  # a lane that generated nothing (max_tokens 0)
         if self._reasoning is not None:
             flushed = self._reasoning.flush()
             delta.reasoning += flushed.reasoning
@@ -177,6 +185,27 @@ def format_logprobs(tokenizer: tokenizers.Tokenizer, entries: Sequence[TokenLogp
         )
         for entry in entries
     ]
+
+
+def format_prompt_logprobs(
+    tokenizer: tokenizers.Tokenizer, first_token_id: int, prompt: PromptLogprobs
+) -> list[PromptLogprob]:
+    """The prompt's logprobs on the wire; the first token has nothing before it (logprob None)."""
+    first = PromptLogprob(token_id=first_token_id, token=_text(tokenizer, first_token_id), logprob=None, rank=None)
+    entries = [first]
+    for ranked in prompt.entries:
+        entry = ranked.entry
+        entries.append(
+            PromptLogprob(
+                token_id=entry.token_id,
+                token=_text(tokenizer, entry.token_id),
+                logprob=entry.logprob,
+                rank=ranked.rank,
+                top_ids=[token for token, _ in entry.top],
+                top=[TopLogprob(token=_text(tokenizer, token), logprob=logprob) for token, logprob in entry.top],
+            )
+        )
+    return entries
 
 
 def _text(tokenizer: tokenizers.Tokenizer, token_id: int) -> str:

@@ -2,8 +2,10 @@
 
 A lane starts by looking up the longest cached block prefix of its tokens; on a hit the target's
 KV and the drafter's snapshot for that prefix are attached together and prefill goes on from
-there. When a lane's prefill completes, its longest whole-block prefix is stored (unless already
-cached), so the next request with the same system prompt skips it. Runs on the owner thread.
+there (not for a lane that wants its prompt's logprobs: a cached prefix has no logits, so it
+prefills its prompt whole; it is still stored for others). When a lane's prefill completes, its
+longest whole-block prefix is stored (unless already cached), so the next request with the same
+system prompt skips it. Runs on the owner thread.
 
 Lanes in the KV pool share a cached prefix's K/V instead of copying it (as vLLM's automatic
 prefix caching does): an entry's target half is the ids of the pool blocks holding its tokens,
@@ -62,6 +64,7 @@ class LaneStart:
     params: SamplingParams
     resumed_ids: list[int] = field(default_factory=list)  # tokens a dead worker already emitted
     num_logprobs: int | None = None
+    num_prompt_logprobs: int | None = None  # the prompt's logprobs, with this many top tokens
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ class LaneState:
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of the last decode step's tokens
     acceptance: DepthAcceptance = field(default_factory=DepthAcceptance)  # its drafter's, recent steps weighed most
     tree_depths: list[int] = field(default_factory=list)  # its drafter's last tree's node depths ([]: chains)
+    prompt_logprobs_sent: bool = False  # the owner published them
 
     @property
     def finished(self) -> bool:
@@ -157,7 +161,12 @@ class ModelStepper:
 
     def start(self, payload: LaneStart) -> LaneState:
         sequence = self.runner.start(
-            payload.sequence_id, payload.prompt_ids, payload.params, payload.resumed_ids, self.pool
+            payload.sequence_id,
+            payload.prompt_ids,
+            payload.params,
+            payload.resumed_ids,
+            self.pool,
+            payload.num_prompt_logprobs,
         )
         state = LaneState(sequence, payload.num_logprobs)
         if self.prefix_cache is not None and isinstance(sequence.cache, HybridCache):
@@ -351,6 +360,8 @@ class ModelStepper:
         cache, sequence = self.prefix_cache, state.sequence
         if cache is None:
             return
+        if sequence.prompt_logprobs is not None and not sequence.prompt_logprobs.complete:
+            return  # a cached prefix has no logits: its prompt is prefilled whole (worker.engine.prompt_logprobs)
         hit = cache.lookup(sequence.token_ids, sequence.num_tokens - 1)
         self.counters.prefix_cache_queries += 1
         if hit is None:

@@ -49,7 +49,7 @@ from shared.protocol import (
 )
 from worker.redis_side.jobs import JobSpec
 from worker.redis_side.redis_io import BatchItem, Event, JobDone, JobRef, Publication
-from worker.serving.lane_output import LaneDelta, LaneOutput, format_logprobs
+from worker.serving.lane_output import LaneDelta, LaneOutput, format_logprobs, format_prompt_logprobs
 from worker.serving.model_stepper import LaneStart, LaneState, ModelStepper
 from worker.serving.scheduler import (
     LaneKey,
@@ -245,6 +245,7 @@ class Owner:
                     spec.params,
                     job.emitted[choice],
                     spec.output.num_logprobs,
+                    spec.output.num_prompt_logprobs,
                 )
                 key = (spec.request_id, choice)
                 self.scheduler.submit(LaneRequest(key, kv_bytes, spec.deadline, start, num_blocks, max_blocks))
@@ -288,8 +289,10 @@ class Owner:
         choice = result.key[1]
         match result.kind:
             case StepKind.PREFILL:
+                self._send_prompt_logprobs(job, choice, result.state)
                 self._force_if_spent(job, choice, result.state)
             case StepKind.DECODE:
+                self._send_prompt_logprobs(job, choice, result.state)
                 self._on_tokens(job, choice, result.state, result.token_ids)
             case StepKind.CANCELLED:
                 self._drop(job, cancelled=True)
@@ -298,6 +301,20 @@ class Owner:
             case StepKind.FAILED:
                 log.error("lane %s failed", result.key, exc_info=result.error)
                 self._fail(job, ErrorCode.INTERNAL_ERROR, f"{type(result.error).__name__}: {result.error}")
+
+    def _send_prompt_logprobs(self, job: _Job, choice: int, state: LaneState) -> None:
+        """Once its prefill scored the whole prompt: one delta with them (and echo's text), before
+        any token. A resumed lane sends them again (the gateway keeps the first it hears)."""
+        if job.spec.output.num_prompt_logprobs is None or state.prompt_logprobs_sent:
+            return
+        prompt = state.sequence.prompt_logprobs
+        if prompt is None or not prompt.complete:
+            return
+        state.prompt_logprobs_sent = True
+        spec = job.spec
+        delta = StepDelta(spec.request_id, job.ref.attempt, job.next_seq, choice, job.outputs[choice].take_echo())
+        delta.prompt_logprobs = format_prompt_logprobs(self.tokenizer, spec.prompt_ids[0], prompt)
+        self._publish(job, delta, first_output=True)
 
     def _on_tokens(self, job: _Job, choice: int, state: LaneState, token_ids: list[int]) -> None:
         job.emitted[choice].extend(token_ids)

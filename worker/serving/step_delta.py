@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 
-from shared.protocol import DeltaEvent, TokenLogprob, ToolCallDelta, encode_event, merge_tool_calls
+from shared.protocol import DeltaEvent, PromptLogprob, TokenLogprob, ToolCallDelta, encode_event, merge_tool_calls
 
 # A JSON string as pydantic writes one: non-ASCII as it is, the same escapes (control characters,
 # quote, backslash). The C function json's encoder itself calls.
@@ -37,6 +37,7 @@ class StepDelta:
     token_ids: list[int] = field(default_factory=list)
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one entry per token in token_ids, when asked
+    prompt_logprobs: list[PromptLogprob] | None = None  # the prompt's, before the first token
 
     def absorb(self, later: StepDelta) -> bool:
         """Append what `later` (the same job's next delta) says; False, and nothing changed, if the
@@ -44,7 +45,7 @@ class StepDelta:
         (forced tokens carry none)."""
         if later.choice != self.choice or later.attempt != self.attempt:
             return False
-        if (self.logprobs is None) != (later.logprobs is None):
+        if (self.logprobs is None) != (later.logprobs is None) or later.prompt_logprobs is not None:
             return False
         self.text += later.text
         self.reasoning += later.reasoning
@@ -66,13 +67,14 @@ class StepDelta:
             token_ids=self.token_ids,
             tool_calls=self.tool_calls,
             logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     def to_json(self) -> str:
         """The wire event's JSON, the same bytes as `encode_event(self.event())`. Without tool calls
         or logprobs it is written straight from the fields: in the owner's publish, after a model
         step has cooled the caches, validating and dumping the model cost ~1% of the step rate."""
-        if self.tool_calls or self.logprobs is not None:
+        if self.tool_calls or self.logprobs is not None or self.prompt_logprobs is not None:
             return encode_event(self.event())
         # Formatted, not json.dumps'd: with the caches cold after a model step, the encoder json
         # builds per call made this ~35 µs a batch; formatted it is ~14 (tiny model; docs/BENCHMARKS.md,
@@ -80,5 +82,6 @@ class StepDelta:
         return (
             f'{{"id":{_string(self.id)},"attempt":{self.attempt},"seq":{self.seq},"type":"delta",'
             f'"choice":{self.choice},"text":{_string(self.text)},"reasoning":{_string(self.reasoning)},'
-            f'"token_ids":[{",".join(map(str, self.token_ids))}],"tool_calls":[],"logprobs":null}}'
+            f'"token_ids":[{",".join(map(str, self.token_ids))}],"tool_calls":[],"logprobs":null,'
+            '"prompt_logprobs":null}'
         )

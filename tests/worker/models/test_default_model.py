@@ -69,3 +69,24 @@ def test_generate_cli_json(capsys):
     assert len(out["token_ids"]) == 8 and out["text"]
     assert out["stats"]["target_forwards"] == 8 and out["stats"]["tokens_per_forward"] == 1.0
     assert {"draft_tokens", "accepted_tokens", "decode_s", "tokens_per_s"} <= set(out["stats"])
+
+
+def test_prompt_logprobs_match_transformers(models):
+    """echo + logprobs' numbers on the default model's float32 path: each prompt token's logprob
+    from the prefill equals a transformers forward's within 2e-3 (the logits agree within 1e-3)."""
+    from worker.serving.model_stepper import LaneStart, ModelStepper
+
+    served, reference = models
+    prompt_ids = served.encode_text("The capital of France is Paris. The capital of Italy is Rome.")
+    stepper = ModelStepper(served.runner)
+    state = stepper.start(LaneStart("score", prompt_ids, SamplingParams(max_tokens=0), num_prompt_logprobs=1))
+    while stepper.num_to_prefill(state):
+        stepper.prefill(state, 8)
+    assert state.finished and state.output_ids == []
+    with torch.no_grad():
+        expected = torch.log_softmax(reference(torch.tensor([prompt_ids])).logits[0, :-1].float(), dim=-1)
+    entries = state.sequence.prompt_logprobs.entries
+    assert [ranked.entry.token_id for ranked in entries] == prompt_ids[1:]
+    ours = torch.tensor([ranked.entry.logprob for ranked in entries])
+    theirs = expected[torch.arange(len(prompt_ids) - 1), torch.tensor(prompt_ids[1:])]
+    assert (ours - theirs).abs().max().item() < 2e-3

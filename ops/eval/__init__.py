@@ -1,0 +1,1 @@
+"""`arbor eval`: lm-eval against a running stack, offline, on task files made on this machine."""
