@@ -41,6 +41,7 @@ from gateway.delivery import (
 )
 from gateway.errors import ApiError
 from gateway.middleware.disconnect import DisconnectWatch
+from gateway.placement import choose_worker, take_back
 from gateway.services import Services
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job
@@ -69,6 +70,7 @@ class Generation:
         self.outcome = Outcome(num_choices)
         self.finished = False
         self._refused = False  # the queue was full: the job was never queued
+        self._heard = False  # an event of the job arrived: a worker has it
 
     async def open(self) -> None:
         """Subscribe, then enqueue. Raises GenerationFailed or delivery.ClientGone, having closed
@@ -96,7 +98,13 @@ class Generation:
         self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
         try:
             async with asyncio.timeout(svc.settings.redis_timeout_s):
-                entry_id = await jobs.enqueue(svc.redis, self.job, svc.settings.max_queue)
+                worker = await choose_worker(svc.redis, self.job) if svc.settings.placement else None
+                stream = (
+                    keys.offer_stream(self.job.model, worker)
+                    if worker
+                    else keys.request_stream(self.job.model, self.job.priority)
+                )
+                entry_id = await jobs.enqueue(svc.redis, self.job, svc.settings.max_queue, stream)
         except jobs.QueueFull as full:
             self._refused = True  # never queued: nothing to cancel
             raise GenerationFailed(errors.queue_full(self.job.model, full.length, svc.settings.retry_after_s)) from None
@@ -108,7 +116,28 @@ class Generation:
             poll_s=svc.settings.event_poll_s,
             timeout_s=svc.settings.redis_timeout_s,
             on_repair=svc.metrics.event_repairs.inc,
-            entry=(keys.request_stream(self.job.model), entry_id),
+            entry=(stream, entry_id),
+        )
+        if worker is not None:
+            offer = asyncio.create_task(self._take_back_unread(stream, entry_id), name="offer-wait")
+            self._stack.callback(offer.cancel)
+
+    async def _take_back_unread(self, stream: str, entry_id: str) -> None:
+        """After the offer wait, the job goes to its class stream unless its worker has read it."""
+        svc, reader = self._svc, self._reader
+        assert reader is not None
+        await asyncio.sleep(svc.settings.offer_wait_s)
+        if self._heard:
+            return
+        reader.entry = None  # not "lost" while it moves
+        try:
+            async with asyncio.timeout(svc.settings.redis_timeout_s):
+                moved = await take_back(svc.redis, self.job, stream, entry_id)
+        except _REDIS_FAILURES as exc:
+            log.warning("could not take back the offer of %s: %s", self.job.id, exc)
+            moved = None
+        reader.entry = (
+            (stream, entry_id) if moved is None else (keys.request_stream(self.job.model, self.job.priority), moved)
         )
 
     async def batches(self) -> AsyncGenerator[list[DeltaEvent | FinalEvent], None]:
@@ -131,6 +160,7 @@ class Generation:
             yield batch
 
     def _record(self, event: DeltaEvent | FinalEvent, unfinished: set[int]) -> None:
+        self._heard = True
         self.outcome.add(event)
         self._observe(event)
         if isinstance(event, FinalEvent):
