@@ -4,6 +4,7 @@
     arbor:requests:{model}:p{n} stream   the same for priority n (any other integer: one stream per class)
     arbor:classes:{model}       zset     priority -> score priority: the classes that have a stream
     arbor:offers:{model}:{worker} stream jobs offered to one worker first (prefix placement)
+    arbor:offerstreams:{model}  set      every worker's offer stream of the model (reclaimers look in each)
     arbor:prefix:{model}:{hash} string   the worker that last served a request with this prefix, with a TTL
     arbor:placement:{model}     hash     placement decisions by outcome (routed, shared, moved): counters
     arbor:events:{request_id}   channel  a request's events, JSON (pub/sub: at-most-once)
@@ -46,6 +47,11 @@ def offer_stream(model: str, worker_id: str) -> str:
     """Jobs placed on one worker: it reads them before the shared streams; a job left unread for
     the offer wait goes to its class stream (`shared.placement`)."""
     return f"{PREFIX}offers:{model}:{worker_id}"
+
+
+def offer_streams(model: str) -> str:
+    """The set of the model's offer streams: a worker adds its own when it starts."""
+    return f"{PREFIX}offerstreams:{model}"
 
 
 def prefix_owner(model: str, prefix_hash: str) -> str:

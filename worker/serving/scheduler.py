@@ -314,12 +314,9 @@ class Scheduler:
     def _wait(self, lane: _Lane, first_in_class: bool = False) -> None:
         """Into the waiting queue, ordered by class: a new lane after its class, a preempted one
         at its head (it started first, and resumes first)."""
-        after = (
-            (lambda other: other.priority >= lane.priority)
-            if first_in_class
-            else (lambda other: other.priority > lane.priority)
-        )
-        index = next((i for i, other in enumerate(self._waiting) if after(other)), len(self._waiting))
+        # a preempted lane goes before its class's first lane, a new one after its class's last
+        bound = lane.priority - 1 if first_in_class else lane.priority
+        index = next((i for i, other in enumerate(self._waiting) if other.priority > bound), len(self._waiting))
         self._waiting.insert(index, lane)
 
     def _admit(self, plan: _Plan) -> list[StepResult]:
