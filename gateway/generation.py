@@ -210,6 +210,7 @@ class Generation:
             return
         if self._last_delta_at is None:
             metrics.ttft.observe(now - self._arrived)
+            metrics.ttft_by_class.labels(priority=str(self.job.priority)).observe(now - self._arrived)
         else:
             metrics.inter_token.observe(now - self._last_delta_at)
         self._last_delta_at = now

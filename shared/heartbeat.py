@@ -11,11 +11,12 @@ since `started_at`, so the gateway can sum them across workers into Prometheus c
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # A Redis hash's field names: str with decode_responses, bytes without (redis-py types them both).
 _Field = TypeVar("_Field", bound=bytes | str)
@@ -39,6 +40,10 @@ class Heartbeat(BaseModel):
     accepted_tokens: int = 0  # draft tokens the target accepted
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    # Priority classes: lanes waiting in the worker's scheduler, and lanes preempted (totals), by
+    # priority. JSON objects in the hash.
+    waiting_by_class: dict[int, int] = Field(default_factory=dict)
+    preemptions_by_class: dict[int, int] = Field(default_factory=dict)
     started_at: float  # unix s
     beat_at: float  # unix s
 
@@ -46,12 +51,16 @@ class Heartbeat(BaseModel):
         fields = self.model_dump()
         fields["ready"] = "1" if self.ready else "0"
         fields["aliases"] = ",".join(self.aliases)
+        fields["waiting_by_class"] = json.dumps(self.waiting_by_class)
+        fields["preemptions_by_class"] = json.dumps(self.preemptions_by_class)
         return {name: str(value) for name, value in fields.items()}
 
     @classmethod
     def from_fields(cls, fields: Mapping[_Field, bytes | str]) -> Heartbeat:
         raw: dict[str, object] = {_text(k): _text(v) for k, v in fields.items()}
         raw["aliases"] = tuple(name for name in str(raw.get("aliases", "")).split(",") if name)
+        for name in ("waiting_by_class", "preemptions_by_class"):
+            raw[name] = json.loads(str(raw.get(name) or "{}"))
         return cls.model_validate(raw)
 
     def serves(self, model: str) -> bool:

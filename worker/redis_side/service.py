@@ -344,7 +344,15 @@ class WorkerService:
                 delay = min(2 * delay, BACKOFF_MAX_S)
 
     async def _heartbeat_once(self) -> None:
-        beat_fields = heartbeat(self.identity, self.counters, self._ready, self.capacity.held)
+        capacity = self.capacity
+        beat_fields = heartbeat(
+            self.identity,
+            self.counters,
+            self._ready,
+            capacity.held,
+            capacity.waiting_by_class,
+            capacity.preemptions_by_class,
+        )
         await beat(self.io.redis, beat_fields, self.config.heartbeat_ttl_s)
         by_stream: dict[str, list[str]] = {}
         for ref in self._held.values():
