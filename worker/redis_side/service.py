@@ -345,11 +345,13 @@ class WorkerService:
 
     async def _heartbeat_once(self) -> None:
         capacity = self.capacity
+        # Draining, it takes no more jobs: all lanes busy, so no gateway offers it one (placement)
+        lanes_busy = self.identity.lanes_total if self._draining else capacity.held
         beat_fields = heartbeat(
             self.identity,
             self.counters,
             self._ready,
-            capacity.held,
+            lanes_busy,
             capacity.waiting_by_class,
             capacity.preemptions_by_class,
         )
