@@ -52,3 +52,17 @@ def test_a_malformed_priority_is_refused_naming_the_field(priority_gateway):
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"priority": bad}
             )
         assert caught.value.body["param"] == "priority"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"input": "hi", "store": False}),
+    ],
+)
+def test_the_other_apis_carry_priority_to_the_job(priority_gateway, path, body):
+    gateway, peer = priority_gateway
+    reply = gateway.http(headers={"x-api-key": "batch-key"}).post(path, json={"model": MODEL, "priority": 0, **body})
+    assert reply.status_code == 200, reply.text
+    assert [job.priority for job in peer.jobs] == [5]  # asked for 0, capped at the key's 5
