@@ -120,7 +120,20 @@ class Generation:
         )
         if worker is not None:
             offer = asyncio.create_task(self._take_back_unread(stream, entry_id), name="offer-wait")
-            self._stack.callback(offer.cancel)
+            self._stack.push_async_callback(self._end_offer, offer, stream, entry_id)
+
+    async def _end_offer(self, offer: asyncio.Task[None], stream: str, entry_id: str) -> None:
+        """On close: an offer still unread goes to its class stream, where a live worker reads it,
+        finds its cancel key and drops it (left in the offer stream of a dead worker, it would
+        stay there)."""
+        offer.cancel()
+        if self.finished or self._heard:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._svc.settings.redis_timeout_s):
+            try:
+                await take_back(self._svc.redis, self.job, stream, entry_id)
+            except _REDIS_FAILURES as exc:
+                log.warning("could not take back the offer of %s: %s", self.job.id, exc)
 
     async def _take_back_unread(self, stream: str, entry_id: str) -> None:
         """After the offer wait, the job goes to its class stream unless its worker has read it."""

@@ -10,6 +10,7 @@ from shared import keys
 from shared.heartbeat import Heartbeat
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest
 from tests.gateway.conftest import MODEL
+from tests.support.waiting import wait_for
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fox."}]
 
@@ -82,3 +83,19 @@ def test_placement_off_offers_nothing(make_gateway, peer, redis_client):
         redis_client.set(keys.prefix_owner(MODEL, prefix_hash), "ghost")
     gateway.openai().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert redis_client.hgetall(keys.placement_counts(MODEL)) == {}
+
+
+def test_a_client_leaving_takes_its_unread_offer_back_for_a_live_worker_to_drop(make_gateway, make_peer, redis_client):
+    make_peer(consume=False)  # a ready worker that reads nothing: what is moved stays to be seen
+    gateway = make_gateway(offer_wait_s=30)  # the offer wait never ends within the test
+    ghost_beat(redis_client, "ghost")
+    for prefix_hash in prefix_hashes(chat(MESSAGES)):
+        redis_client.set(keys.prefix_owner(MODEL, prefix_hash), "ghost")
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "stream": True}
+    with gateway.http().stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        wait_for(lambda: redis_client.xlen(keys.offer_stream(MODEL, "ghost")) == 1, 10, "the offer")
+    wait_for(lambda: redis_client.xlen(keys.offer_stream(MODEL, "ghost")) == 0, 10, "the offer taken back")
+    assert redis_client.hget(keys.placement_counts(MODEL), "moved") == "1"
+    [(_, fields)] = redis_client.xrange(keys.request_stream(MODEL))
+    assert redis_client.exists(keys.cancel_key(fields["id"]))  # whoever reads it drops it
