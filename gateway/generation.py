@@ -41,7 +41,7 @@ from gateway.delivery import (
 )
 from gateway.errors import ApiError
 from gateway.middleware.disconnect import DisconnectWatch
-from gateway.placement import choose_worker, take_back
+from gateway.placement import take_back
 from gateway.services import Services
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job
@@ -98,13 +98,7 @@ class Generation:
         self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
         try:
             async with asyncio.timeout(svc.settings.redis_timeout_s):
-                worker = await choose_worker(svc.redis, self.job) if svc.settings.placement else None
-                stream = (
-                    keys.offer_stream(self.job.model, worker)
-                    if worker
-                    else keys.request_stream(self.job.model, self.job.priority)
-                )
-                entry_id = await jobs.enqueue(svc.redis, self.job, svc.settings.max_queue, stream)
+                queued = await jobs.enqueue(svc.redis, self.job, svc.settings.max_queue, svc.settings.placement)
         except jobs.QueueFull as full:
             self._refused = True  # never queued: nothing to cancel
             raise GenerationFailed(errors.queue_full(self.job.model, full.length, svc.settings.retry_after_s)) from None
@@ -116,9 +110,10 @@ class Generation:
             poll_s=svc.settings.event_poll_s,
             timeout_s=svc.settings.redis_timeout_s,
             on_repair=svc.metrics.event_repairs.inc,
-            entry=(stream, entry_id),
+            entry=(queued.stream, queued.entry_id),
         )
-        if worker is not None:
+        if queued.stream != keys.request_stream(self.job.model, self.job.priority):
+            stream, entry_id = queued.stream, queued.entry_id
             offer = asyncio.create_task(self._take_back_unread(stream, entry_id), name="offer-wait")
             self._stack.push_async_callback(self._end_offer, offer, stream, entry_id)
 

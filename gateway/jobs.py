@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
@@ -15,26 +16,47 @@ from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl", "count": "count"}
 MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
 
-# KEYS: the stream the job goes to (its class stream, or a worker's offer stream), the request's
-# enqueued marker, the class stream, the model's classes.  ARGV: the marker's ttl, the queue limit,
-# the priority, the consumer group, then the job's field/value pairs.  Returns the entry id (the new
-# one, or the first one if the job is already in), or {length} when the class stream (with the
-# offer stream) already holds the limit. A stream made here gets its consumer group at once
-# (start id 0), so a worker reading a class it has not seen before misses nothing.
-_ENQUEUE = """
-local existing = redis.call('GET', KEYS[2])
-if existing then return existing end
-local length = redis.call('XLEN', KEYS[3])
-if KEYS[1] ~= KEYS[3] then length = length + redis.call('XLEN', KEYS[1]) end
-if length >= tonumber(ARGV[2]) then return {length} end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[4], '0', 'MKSTREAM')
+# KEYS: the request's enqueued marker, its class stream, the model's classes, the model's placement
+# counts.  ARGV: the marker's ttl, the queue limit, the priority, the consumer group, placement
+# (1 or 0), the heartbeat key prefix, the offer stream prefix, the model, the number n of prefix
+# owner keys, those n keys (deepest first), then the job's field/value pairs.
+# With placement on, the job goes to the offer stream of the worker `route` names, else to its
+# class stream. Returns {entry id, stream} (the new entry, or the one already queued for the
+# request: the marker holds both), or {length} when the class stream (with the offer stream)
+# already holds the limit. A stream made here gets its consumer group at once (start id 0), so a
+# worker reading a class it has not seen before misses nothing.
+_ENQUEUE = (
+    placement.ROUTE_FUNCTION
+    + """
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  local tab = string.find(existing, '\t', 1, true)
+  return {string.sub(existing, 1, tab - 1), string.sub(existing, tab + 1)}
 end
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[3])
-local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
-redis.call('SET', KEYS[2], entry, 'EX', ARGV[1])
-return entry
+local first_field = 10 + tonumber(ARGV[9])
+local stream = KEYS[2]
+if ARGV[5] == '1' then
+  local worker = route(KEYS[4], ARGV[6], ARGV[7], ARGV[8], 10, first_field - 1)
+  if worker then stream = ARGV[7] .. worker end
+end
+local length = redis.call('XLEN', KEYS[2])
+if stream ~= KEYS[2] then length = length + redis.call('XLEN', stream) end
+if length >= tonumber(ARGV[2]) then return {length} end
+if redis.call('EXISTS', stream) == 0 then
+  redis.call('XGROUP', 'CREATE', stream, ARGV[4], '0', 'MKSTREAM')
+end
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[3])
+local entry = redis.call('XADD', stream, '*', unpack(ARGV, first_field))
+redis.call('SET', KEYS[1], entry .. '\t' .. stream, 'EX', ARGV[1])
+return {entry, stream}
 """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    entry_id: str
+    stream: str  # the class stream, or the offer stream of the worker the job was placed on
 
 
 class QueueFull(Exception):
@@ -77,15 +99,16 @@ def prefix_hashes(req: GenerationRequest) -> list[str]:
     return placement.prompt_chain(req.model, prompt)
 
 
-async def enqueue(redis: Redis, job: Job, max_queue: int, stream: str | None = None) -> str:
+async def enqueue(redis: Redis, job: Job, max_queue: int, place: bool = False) -> Enqueued:
     """XADD without MAXLEN (a queued job is never trimmed), at most once per request, unless the
-    stream already holds `max_queue` entries (raises QueueFull); returns the entry id.
+    stream already holds `max_queue` entries (raises QueueFull); where it went.
 
     The limit is checked in the same script as the XADD, so it holds under any concurrency: waiting
     + pending is the stream's length, since workers XACK *and* XDEL a finished job in one script
     (see `shared.queue_stats`).
 
-    `stream`: where the job goes (a worker's offer stream); by default its class stream.
+    `place`: offer the job to the worker holding its longest prefix with a lane free
+    (`shared.placement`), decided in the same script: no round trip of its own.
 
     At most once because a client with retries on (redis-py's `Retry`; the gateway's pool has none
     today) resends a command whose reply was lost, to a connection reset or a socket timeout while
@@ -95,15 +118,22 @@ async def enqueue(redis: Redis, job: Job, max_queue: int, stream: str | None = N
     """
     ttl_s = max(math.ceil(job.deadline - time.time()), 0) + MARKER_MARGIN_S
     fields = [part for name, value in job.to_fields().items() for part in (name, value)]
-    class_stream = keys.request_stream(job.model, job.priority)
+    model = job.model
+    owners = [keys.prefix_owner(model, h) for h in reversed(job.prefixes.split())] if place else []
+    routing: list[str | int] = [int(place), keys.worker_heartbeat(""), keys.offer_stream(model, ""), model]
+    routing += [len(owners), *owners]
     reply = await redis.register_script(_ENQUEUE)(
-        keys=[stream or class_stream, keys.enqueued_marker(job.id), class_stream, keys.priority_classes(job.model)],
-        args=[ttl_s, max_queue, job.priority, keys.CONSUMER_GROUP, *fields],
+        keys=[
+            keys.enqueued_marker(job.id),
+            keys.request_stream(model, job.priority),
+            keys.priority_classes(model),
+            keys.placement_counts(model),
+        ],
+        args=[ttl_s, max_queue, job.priority, keys.CONSUMER_GROUP, *routing, *fields],
     )
-    if isinstance(reply, list):
+    if len(reply) == 1:
         raise QueueFull(int(reply[0]))
-    entry_id: str = reply  # decode_responses=True
-    return entry_id
+    return Enqueued(reply[0], reply[1])  # decode_responses=True: str
 
 
 async def cancel(redis: Redis, request_id: str) -> None:

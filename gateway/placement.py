@@ -1,5 +1,5 @@
-"""The gateway's half of prefix placement (`shared.placement`): pick the worker to offer a job to,
-and take the offer back if that worker has not read it within the offer wait."""
+"""The gateway's half of prefix placement (`shared.placement`): taking an offer back when its worker
+has not read it within the offer wait (the offer itself is made by the enqueue script, `gateway.jobs`)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,6 @@ from redis.asyncio import Redis
 
 from shared import keys, placement
 from shared.protocol import Job
-
-
-async def choose_worker(redis: Redis, job: Job) -> str | None:
-    """The worker holding the longest prefix of the job that has a lane free, or None (counted
-    either way). One script call; callers bound it with a timeout."""
-    model = job.model
-    owners = [keys.prefix_owner(model, h) for h in reversed(job.prefixes.split())]
-    reply = await redis.register_script(placement.ROUTE_SCRIPT)(
-        keys=[keys.placement_counts(model)],
-        args=[keys.worker_heartbeat(""), keys.offer_stream(model, ""), model, *owners],
-    )
-    return reply if isinstance(reply, str) and reply else None
 
 
 async def take_back(redis: Redis, job: Job, offer_stream: str, entry_id: str) -> str | None:

@@ -11,8 +11,8 @@ worker whose prefill cache holds the longest part of this prompt.
 
     worker, taking a job:   SET prefix_owner(model, h) worker_id EX PREFIX_TTL_S   for each h of the job
     gateway, placing one:   the deepest h whose worker is live, ready and has a lane free
-                            (`ROUTE_SCRIPT`) -> XADD to offer_stream(model, worker), else to the
-                            class stream (`keys.request_stream(model, priority)`)
+                            (`ROUTE_FUNCTION`, inside the enqueue script) -> XADD to
+                            offer_stream(model, worker), else to the class stream
     gateway, offer_wait_s later, unless the job's first event came: `MOVE_SCRIPT` moves the entry,
                             if still unread, to its class stream, where any worker takes it
 
@@ -34,28 +34,31 @@ PROMPT_CHUNK_CHARS = 256  # a completion prompt's text is hashed in chunks of th
 PROMPT_CHUNK_IDS = 64  # and a prompt given as token ids in chunks of this many ids
 ROUTED, SHARED, MOVED = "routed", "shared", "moved"  # placement outcomes (counted per model)
 
-# KEYS: the model's placement counts.  ARGV: heartbeat key prefix, offer stream prefix
-# (offer_stream(model, "")), model, then the prefix owner keys, deepest first. Returns the first
-# worker named that is live, ready, serves the model and has a lane free once the jobs already
-# offered to it and not yet finished are counted (counting "routed"), or false ("shared").
-ROUTE_SCRIPT = """
-local tried = {}
-for i = 4, #ARGV do
-  local worker = redis.call('GET', ARGV[i])
-  if worker and not tried[worker] then
-    tried[worker] = true
-    local beat = redis.call('HMGET', ARGV[1] .. worker, 'ready', 'lanes_total', 'lanes_busy', 'model')
-    if beat[1] == '1' and beat[4] == ARGV[3] then
-      local offered = redis.call('XLEN', ARGV[2] .. worker)
-      if tonumber(beat[2]) - tonumber(beat[3]) - offered > 0 then
-        redis.call('HINCRBY', KEYS[1], 'routed', 1)
-        return worker
+# A Lua function for the enqueue script (`gateway.jobs`), so placing a job costs no round trip of
+# its own: route(counts key, heartbeat key prefix, offer stream prefix (offer_stream(model, "")),
+# model, first, last) walks ARGV[first..last], the prefix owner keys, deepest first, and returns
+# the first worker named that is live, ready, serves the model and has a lane free once the jobs
+# already offered to it and not yet finished are counted (counting "routed"), or false ("shared").
+ROUTE_FUNCTION = """
+local function route(counts, beat_prefix, offer_prefix, model, first, last)
+  local tried = {}
+  for i = first, last do
+    local worker = redis.call('GET', ARGV[i])
+    if worker and not tried[worker] then
+      tried[worker] = true
+      local beat = redis.call('HMGET', beat_prefix .. worker, 'ready', 'lanes_total', 'lanes_busy', 'model')
+      if beat[1] == '1' and beat[4] == model then
+        local offered = redis.call('XLEN', offer_prefix .. worker)
+        if tonumber(beat[2]) - tonumber(beat[3]) - offered > 0 then
+          redis.call('HINCRBY', counts, 'routed', 1)
+          return worker
+        end
       end
     end
   end
+  redis.call('HINCRBY', counts, 'shared', 1)
+  return false
 end
-redis.call('HINCRBY', KEYS[1], 'shared', 1)
-return false
 """
 
 # KEYS: offer stream, class stream, enqueued marker, placement counts.  ARGV: entry id, consumer group.
@@ -70,7 +73,7 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 local moved = redis.call('XADD', KEYS[2], '*', unpack(entries[1][2]))
 redis.call('XDEL', KEYS[1], ARGV[1])
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('SET', KEYS[3], moved, 'KEEPTTL') end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('SET', KEYS[3], moved .. '\t' .. KEYS[2], 'KEEPTTL') end
 redis.call('HINCRBY', KEYS[4], 'moved', 1)
 return moved
 """
