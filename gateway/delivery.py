@@ -74,7 +74,7 @@ class EventReader:
         self._poll_s = poll_s
         self._timeout_s = timeout_s
         self._on_repair = on_repair
-        self._entry = entry
+        self.entry = entry  # moved by the gateway when an unread offer goes to its class stream
         self._next_seq = 0
         self._early: dict[int, AnyEvent] = {}  # seq -> event received ahead of a gap
         self._gap_seen = False  # an event arrived ahead of the next one: read the log before waiting
@@ -150,10 +150,11 @@ class EventReader:
     async def _read_log_after_silence(self) -> None:
         """Maybe the next event was published and lost; maybe the job was. The entry is looked at
         first: if it is gone, whatever its worker published before XDEL is in the log by now."""
-        entry_gone = self._entry is not None and not await self._entry_exists(*self._entry)
+        entry = self.entry
+        entry_gone = entry is not None and not await self._entry_exists(*entry)
         await self._read_log()
-        if entry_gone and self._next_seq not in self._early:
-            raise JobLost
+        if entry_gone and self.entry == entry and self._next_seq not in self._early:
+            raise JobLost  # (an entry that moved meanwhile was not lost)
 
     async def _entry_exists(self, stream: str, entry_id: str) -> bool:
         async with asyncio.timeout(self._timeout_s):

@@ -41,6 +41,7 @@ from gateway.delivery import (
 )
 from gateway.errors import ApiError
 from gateway.middleware.disconnect import DisconnectWatch
+from gateway.placement import take_back
 from gateway.services import Services
 from shared import keys
 from shared.protocol import DeltaEvent, ErrorEvent, FinalEvent, Job
@@ -70,6 +71,7 @@ class Generation:
         self.outcome = Outcome(num_choices)
         self.finished = False
         self._refused = False  # the queue was full: the job was never queued
+        self._heard = False  # an event of the job arrived: a worker has it
 
     async def open(self) -> None:
         """Subscribe, then enqueue. Raises GenerationFailed or delivery.ClientGone, having closed
@@ -99,10 +101,11 @@ class Generation:
         self._stack.push_async_callback(self._cancel_unless_finished)  # from here the job may exist
         try:
             async with asyncio.timeout(svc.settings.redis_timeout_s):
-                entry_id = await jobs.enqueue(
+                queued = await jobs.enqueue(
                     svc.redis,
                     self.job,
                     svc.settings.max_queue,
+                    svc.settings.placement,
                     svc.settings.redis_min_replicas,
                     wait_ms=int(svc.settings.redis_timeout_s * 500),  # half the timeout: a reply in time
                 )
@@ -117,7 +120,42 @@ class Generation:
             poll_s=svc.settings.event_poll_s,
             timeout_s=svc.settings.redis_timeout_s,
             on_repair=svc.metrics.event_repairs.inc,
-            entry=(keys.request_stream(self.job.model), entry_id),
+            entry=(queued.stream, queued.entry_id),
+        )
+        if queued.stream != keys.request_stream(self.job.model, self.job.priority):
+            stream, entry_id = queued.stream, queued.entry_id
+            offer = asyncio.create_task(self._take_back_unread(stream, entry_id), name="offer-wait")
+            self._stack.push_async_callback(self._end_offer, offer, stream, entry_id)
+
+    async def _end_offer(self, offer: asyncio.Task[None], stream: str, entry_id: str) -> None:
+        """On close: an offer still unread goes to its class stream, where a live worker reads it,
+        finds its cancel key and drops it (left in the offer stream of a dead worker, it would
+        stay there)."""
+        offer.cancel()
+        if self.finished or self._heard:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._svc.settings.redis_timeout_s):
+            try:
+                await take_back(self._svc.redis, self.job, stream, entry_id)
+            except _REDIS_FAILURES as exc:
+                log.warning("could not take back the offer of %s: %s", self.job.id, exc)
+
+    async def _take_back_unread(self, stream: str, entry_id: str) -> None:
+        """After the offer wait, the job goes to its class stream unless its worker has read it."""
+        svc, reader = self._svc, self._reader
+        assert reader is not None
+        await asyncio.sleep(svc.settings.offer_wait_s)
+        if self._heard:
+            return
+        reader.entry = None  # not "lost" while it moves
+        try:
+            async with asyncio.timeout(svc.settings.redis_timeout_s):
+                moved = await take_back(svc.redis, self.job, stream, entry_id)
+        except _REDIS_FAILURES as exc:
+            log.warning("could not take back the offer of %s: %s", self.job.id, exc)
+            moved = None
+        reader.entry = (
+            (stream, entry_id) if moved is None else (keys.request_stream(self.job.model, self.job.priority), moved)
         )
 
     async def batches(self) -> AsyncGenerator[list[DeltaEvent | FinalEvent], None]:
@@ -140,6 +178,7 @@ class Generation:
             yield batch
 
     def _record(self, event: DeltaEvent | FinalEvent, unfinished: set[int]) -> None:
+        self._heard = True
         self.outcome.add(event)
         self._observe(event)
         if isinstance(event, FinalEvent):
@@ -189,6 +228,7 @@ class Generation:
             return
         if self._last_delta_at is None:
             metrics.ttft.observe(now - self._arrived)
+            metrics.ttft_by_class.labels(priority=str(self.job.priority)).observe(now - self._arrived)
         else:
             metrics.inter_token.observe(now - self._last_delta_at)
         self._last_delta_at = now

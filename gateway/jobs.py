@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from shared import keys
+from shared import keys, placement
 from shared.openai_schema import ChatCompletionRequest, GenerationRequest
 from shared.protocol import CANCEL_TTL_S, CancelMessage, Job, JobKind
 from shared.redis_connect import NoReplica
@@ -16,18 +17,47 @@ from shared.redis_connect import NoReplica
 ID_PREFIXES: dict[JobKind, str] = {"chat": "chatcmpl", "completion": "cmpl", "count": "count", "tokenize": "tok"}
 MARKER_MARGIN_S = 60  # the marker outlives the job's deadline by this much
 
-# KEYS: the model's stream, the request's enqueued marker.  ARGV: the marker's ttl, the queue
-# limit, then the job's field/value pairs.  Returns the entry id (the new one, or the first one if
-# the job is already in), or {length} when the stream already holds the limit.
-_ENQUEUE = """
-local existing = redis.call('GET', KEYS[2])
-if existing then return existing end
-local length = redis.call('XLEN', KEYS[1])
+# KEYS: the request's enqueued marker, its class stream, the model's classes, the model's placement
+# counts.  ARGV: the marker's ttl, the queue limit, the priority, the consumer group, placement
+# (1 or 0), the heartbeat key prefix, the offer stream prefix, the model, the number n of prefix
+# owner keys, those n keys (deepest first), then the job's field/value pairs.
+# With placement on, the job goes to the offer stream of the worker `route` names, else to its
+# class stream. Returns {entry id, stream} (the new entry, or the one already queued for the
+# request: the marker holds both), or {length} when the class stream (with the offer stream)
+# already holds the limit. A stream made here gets its consumer group at once (start id 0), so a
+# worker reading a class it has not seen before misses nothing.
+_ENQUEUE = (
+    placement.ROUTE_FUNCTION
+    + """
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  local tab = string.find(existing, '\t', 1, true)
+  return {string.sub(existing, 1, tab - 1), string.sub(existing, tab + 1)}
+end
+local first_field = 10 + tonumber(ARGV[9])
+local stream = KEYS[2]
+if ARGV[5] == '1' then
+  local worker = route(KEYS[4], ARGV[6], ARGV[7], ARGV[8], 10, first_field - 1)
+  if worker then stream = ARGV[7] .. worker end
+end
+local length = redis.call('XLEN', KEYS[2])
+if stream ~= KEYS[2] then length = length + redis.call('XLEN', stream) end
 if length >= tonumber(ARGV[2]) then return {length} end
-local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
-redis.call('SET', KEYS[2], entry, 'EX', ARGV[1])
-return entry
+if redis.call('EXISTS', stream) == 0 then
+  redis.call('XGROUP', 'CREATE', stream, ARGV[4], '0', 'MKSTREAM')
+end
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[3])
+local entry = redis.call('XADD', stream, '*', unpack(ARGV, first_field))
+redis.call('SET', KEYS[1], entry .. '\t' .. stream, 'EX', ARGV[1])
+return {entry, stream}
 """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    entry_id: str
+    stream: str  # the class stream, or the offer stream of the worker the job was placed on
 
 
 class QueueFull(Exception):
@@ -56,16 +86,33 @@ def new_job(
         body=body,
         created=now,
         deadline=now + timeout_s,
+        priority=req.priority or 0,
+        prefixes=" ".join(prefix_hashes(req)) if kind != "count" else "",
     )
 
 
-async def enqueue(redis: Redis, job: Job, max_queue: int, min_replicas: int = 0, wait_ms: int = 0) -> str:
+def prefix_hashes(req: GenerationRequest) -> list[str]:
+    """The request's prefix chain (`shared.placement`): what it shares with earlier requests."""
+    if isinstance(req, ChatCompletionRequest):
+        messages = [message.model_dump(exclude_none=True) for message in req.messages]
+        tools = [tool.model_dump(exclude_none=True) for tool in req.tools] if req.tools else None
+        return placement.chat_chain(req.model, messages, tools)
+    prompt = req.prompt_value() if len(req.prompts()) == 1 else ""
+    return placement.prompt_chain(req.model, prompt)
+
+
+async def enqueue(
+    redis: Redis, job: Job, max_queue: int, place: bool = False, min_replicas: int = 0, wait_ms: int = 0
+) -> Enqueued:
     """XADD without MAXLEN (a queued job is never trimmed), at most once per request, unless the
-    stream already holds `max_queue` entries (raises QueueFull); returns the entry id.
+    stream already holds `max_queue` entries (raises QueueFull); where it went.
 
     The limit is checked in the same script as the XADD, so it holds under any concurrency: waiting
     + pending is the stream's length, since workers XACK *and* XDEL a finished job in one script
     (see `shared.queue_stats`).
+
+    `place`: offer the job to the worker holding its longest prefix with a lane free
+    (`shared.placement`), decided in the same script: no round trip of its own.
 
     At most once because a client with retries on (redis-py's `Retry`; the gateway's pool has none
     today) resends a command whose reply was lost, to a connection reset or a socket timeout while
@@ -80,23 +127,32 @@ async def enqueue(redis: Redis, job: Job, max_queue: int, min_replicas: int = 0,
     """
     ttl_s = max(math.ceil(job.deadline - time.time()), 0) + MARKER_MARGIN_S
     fields = [part for name, value in job.to_fields().items() for part in (name, value)]
-    script_keys = [keys.request_stream(job.model), keys.enqueued_marker(job.id)]
-    args: list[str | int] = [ttl_s, max_queue, *fields]
+    model = job.model
+    owners = [keys.prefix_owner(model, h) for h in reversed(job.prefixes.split())] if place else []
+    routing: list[str | int] = [int(place), keys.worker_heartbeat(""), keys.offer_stream(model, ""), model]
+    routing += [len(owners), *owners]
+    script_keys = [
+        keys.enqueued_marker(job.id),
+        keys.request_stream(model, job.priority),
+        keys.priority_classes(model),
+        keys.placement_counts(model),
+    ]
+    args: list[str | int] = [ttl_s, max_queue, job.priority, keys.CONSUMER_GROUP, *routing, *fields]
     script = redis.register_script(_ENQUEUE)
     if not min_replicas:
-        return _entry_id(await script(keys=script_keys, args=args))
+        return _enqueued(await script(keys=script_keys, args=args))
     async with redis.client() as pinned:  # WAIT confirms the writes of its own connection only
-        entry_id = _entry_id(await script(keys=script_keys, args=args, client=pinned))
+        enqueued = _enqueued(await script(keys=script_keys, args=args, client=pinned))
         confirmed = await pinned.wait(min_replicas, wait_ms)
     if confirmed < min_replicas:
         raise NoReplica(f"{confirmed} of {min_replicas} replica(s) confirmed the job within {wait_ms} ms")
-    return entry_id
+    return enqueued
 
 
-def _entry_id(reply: str | list[int]) -> str:
-    if isinstance(reply, list):
+def _enqueued(reply: list[str]) -> Enqueued:
+    if len(reply) == 1:
         raise QueueFull(int(reply[0]))
-    return reply  # decode_responses=True
+    return Enqueued(reply[0], reply[1])  # decode_responses=True: str
 
 
 async def cancel(redis: Redis, request_id: str) -> None:

@@ -8,6 +8,7 @@ Measured here, per request:
     arbor_requests_running                            generations in flight in this gateway
     arbor_prompt_tokens_total, arbor_generation_tokens_total
     arbor_time_to_first_token_seconds                 arrival -> first delta
+    arbor_time_to_first_token_by_class_seconds{priority}  the same, by priority class
     arbor_inter_token_latency_seconds                 between deltas (one delta may carry
                                                       several tokens under speculation)
     arbor_e2e_request_latency_seconds                 arrival -> last event
@@ -23,6 +24,7 @@ Read from Redis at scrape time (`fleet.FleetSnapshot`), labelled by model (and m
     mtp, ngram, ...): arbor_spec_source_drafts_total, arbor_spec_source_draft_tokens_total,
     arbor_spec_source_accepted_tokens_total. (A worker that dies takes its totals with it; Prometheus
     reads the drop as a counter reset.) Acceptance length = 1 + accepted_tokens / drafts.
+    Placement and priority classes: see `gateway.class_metrics`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.class_metrics import class_families
 from shared.fleet import FleetSnapshot
 from shared.heartbeat import Heartbeat
 
@@ -73,6 +76,13 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.ttft_by_class = Histogram(
+            "arbor_time_to_first_token_by_class_seconds",
+            "Arrival to first delta, by priority class",
+            ["priority"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.inter_token = Histogram(
             "arbor_inter_token_latency_seconds", "Time between deltas", buckets=GAP_BUCKETS_S, registry=r
         )
@@ -110,6 +120,7 @@ class FleetCollector(Collector):
         yield from _worker_gauges(snap)
         yield from _worker_counters(snap)
         yield _restart_counter(snap)
+        yield from class_families(snap)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # dynamic: described by collect() at scrape time

@@ -76,7 +76,9 @@ async def _sample(redis: Redis) -> tuple[float, FleetSnapshot]:
 
 def render(current: tuple[float, FleetSnapshot], previous: tuple[float, FleetSnapshot] | None) -> Group:
     now, fleet = current
-    parts: list[Table | str] = [_queue_table(fleet), _worker_table(fleet, now, previous)]
+    parts: list[Table | str] = [_queue_table(fleet), _class_table(fleet), _worker_table(fleet, now, previous)]
+    if fleet.placements:
+        parts.append(_placement_line(fleet))
     if fleet.restarts:
         counts = ", ".join(f"{name} {count}" for name, count in sorted(fleet.restarts.items()))
         parts.append(f"restarts by arbor up: {counts}")
@@ -90,6 +92,29 @@ def _queue_table(fleet: FleetSnapshot) -> Table:
     for model, stats in sorted(fleet.queues.items()):
         table.add_row(model, str(stats.waiting), str(stats.pending), f"{stats.oldest_age_s:.1f}")
     return table
+
+
+def _class_table(fleet: FleetSnapshot) -> Table:
+    """Per priority class (lower runs sooner): jobs in Redis, lanes waiting inside workers, preemptions."""
+    table = Table(title="priority classes")
+    for column in ("model", "priority", "waiting", "pending", "waiting in workers", "preempted"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for model, by_class in sorted(fleet.class_queues.items()):
+        beats = [beat for beat in fleet.workers if beat.model == model]
+        for priority, stats in sorted(by_class.items()):
+            in_workers = sum(beat.waiting_by_class.get(priority, 0) for beat in beats)
+            preempted = sum(beat.preemptions_by_class.get(priority, 0) for beat in beats)
+            table.add_row(model, str(priority), str(stats.waiting), str(stats.pending), str(in_workers), str(preempted))
+    return table
+
+
+def _placement_line(fleet: FleetSnapshot) -> str:
+    """Placement decisions so far: routed to the prefix's worker, shared, offers taken back."""
+    parts = []
+    for model, counts in sorted(fleet.placements.items()):
+        routed, shared, moved = (counts.get(name, 0) for name in ("routed", "shared", "moved"))
+        parts.append(f"{model}: routed {routed}, shared {shared}, taken back {moved}")
+    return "placement: " + "; ".join(parts)
 
 
 def _worker_table(fleet: FleetSnapshot, now: float, previous: tuple[float, FleetSnapshot] | None) -> Table:
@@ -107,10 +132,17 @@ def _worker_table(fleet: FleetSnapshot, now: float, previous: tuple[float, Fleet
             f"{beat.lanes_busy}/{beat.lanes_total}",
             _tokens_per_s(beat, before.get(beat.worker_id), elapsed_s),
             f"{1 + beat.accepted_tokens / beat.drafts:.2f}" if beat.drafts else "-",
-            f"{beat.prefix_cache_hits}/{beat.prefix_cache_queries}",
+            _hit_rate(beat),
             f"{beat.age_s(now):.1f}",
         )
     return table
+
+
+def _hit_rate(beat: Heartbeat) -> str:
+    if not beat.prefix_cache_queries:
+        return "-"
+    hits, queries = beat.prefix_cache_hits, beat.prefix_cache_queries
+    return f"{hits}/{queries} ({hits / queries:.0%})"
 
 
 def _tokens_per_s(beat: Heartbeat, before: Heartbeat | None, elapsed_s: float) -> str:

@@ -43,6 +43,10 @@ class Heartbeat(BaseModel):
     draft_sources: dict[str, dict[str, int]] = Field(default_factory=dict)
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    # Priority classes: lanes waiting in the worker's scheduler, and lanes preempted (totals), by
+    # priority. JSON objects in the hash.
+    waiting_by_class: dict[int, int] = Field(default_factory=dict)
+    preemptions_by_class: dict[int, int] = Field(default_factory=dict)
     started_at: float  # unix s
     beat_at: float  # unix s
 
@@ -51,6 +55,8 @@ class Heartbeat(BaseModel):
         fields["ready"] = "1" if self.ready else "0"
         fields["aliases"] = ",".join(self.aliases)
         fields["draft_sources"] = json.dumps(self.draft_sources, separators=(",", ":"))
+        fields["waiting_by_class"] = json.dumps(self.waiting_by_class)
+        fields["preemptions_by_class"] = json.dumps(self.preemptions_by_class)
         return {name: str(value) for name, value in fields.items()}
 
     @classmethod
@@ -58,6 +64,8 @@ class Heartbeat(BaseModel):
         raw: dict[str, object] = {_text(k): _text(v) for k, v in fields.items()}
         raw["aliases"] = tuple(name for name in str(raw.get("aliases", "")).split(",") if name)
         raw["draft_sources"] = json.loads(str(raw.get("draft_sources") or "{}"))  # absent from older workers
+        for name in ("waiting_by_class", "preemptions_by_class"):
+            raw[name] = json.loads(str(raw.get(name) or "{}"))
         return cls.model_validate(raw)
 
     def serves(self, model: str) -> bool:

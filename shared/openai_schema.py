@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.openai_messages import Message, Tool, ToolChoice
+from shared.priority import MAX_PRIORITY, MIN_PRIORITY
 from shared.sampling import LOGIT_BIAS_LIMIT, SamplingParams
 from shared.structured_output import (
     StructuredOutput,
@@ -147,6 +148,8 @@ class _GenerationRequest(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
     include_speculation_stats: bool = False  # Arbor's: `usage.speculation`, what drafting did for this request
+    # vLLM's: lower runs sooner; None takes the API key's default (`shared.priority`)
+    priority: int | None = Field(None, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is kept
     min_tokens: int | None = Field(None, ge=0)  # vLLM's: tokens before EOS, stop tokens or stop strings may end it
     logit_bias: dict[str, float] | None = None

@@ -8,7 +8,12 @@ A request's life, with the Redis names from `shared.keys`:
    returns the marked id if the job is already in, so a retried command cannot queue it twice.
    The consumer group `CONSUMER_GROUP` is created with start id "0" (`XGROUP CREATE ... 0
    MKSTREAM`) by whichever side gets there first; BUSYGROUP is not an error.
-2. A worker XREADGROUPs the job when it has a free lane; `JobState` in `job_state(id)` is written
+   A job of priority p goes to `request_stream(model, p)` (p is added to `priority_classes(model)`),
+   or, placed on a worker by its prefix, to `offer_stream(model, worker)`, from where the gateway
+   moves it to its class stream if it is still unread after the offer wait (`shared.placement`).
+2. A worker XREADGROUPs the job when it has a free lane (its offer stream and every class stream
+   in one read), or, with every lane busy, from the streams of classes better than its worst
+   running lane (the scheduler preempts that lane for it); `JobState` in `job_state(id)` is written
    with its first event (a reclaimer writes it when it claims the job).
    It re-validates `Job.body` with `shared.openai_schema` (no limits context) and reads:
    `to_sampling_params(req)` (max_tokens is always set by the gateway), `n` (one lane per choice
@@ -89,6 +94,8 @@ class Job(BaseModel):
     created: float  # unix s, when the gateway accepted it
     deadline: float  # unix s; past it the worker drops the job with DEADLINE_EXCEEDED
     attempt: int = 1  # 1 on first delivery; the reclaimer bumps it
+    priority: int = 0  # the class (lower runs sooner): the stream it is on, and the lane's place in line
+    prefixes: str = ""  # its prefix hashes, space-separated, shallowest first (`shared.placement`)
 
     def to_fields(self) -> dict[str, str]:
         return {name: str(value) for name, value in self.model_dump().items()}

@@ -31,9 +31,9 @@ class QueueStats:
 EMPTY = QueueStats(0, 0, 0.0)
 
 
-async def read_queue_stats(redis: Redis, model: str) -> QueueStats:
-    """Callers bound it with a timeout."""
-    stream = keys.request_stream(model)
+async def read_queue_stats(redis: Redis, model: str, priority: int = 0) -> QueueStats:
+    """The stream of one priority class. Callers bound it with a timeout."""
+    stream = keys.request_stream(model, priority)
     group = await _group(redis, stream)
     if group is None:
         return await _ungrouped(redis, stream)

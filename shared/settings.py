@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.priority import KeyPriority, parse_key_priorities
 from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
@@ -70,6 +71,15 @@ class GatewaySettings(BaseSettings):
     # ARBOR_RESPONSES_TTL_S: how long /v1/responses keeps a stored response (store: true) in Redis
     responses_ttl_s: int = Field(3600, ge=1)
     log_level: str = "info"  # ARBOR_LOG_LEVEL
+    # ARBOR_KEY_PRIORITIES="key=default:cap,...": a key's default priority and the best it may claim
+    key_priorities: Annotated[dict[str, KeyPriority], NoDecode] = Field(default_factory=dict)
+    placement: bool = True  # ARBOR_PLACEMENT: offer a job first to the worker holding its prefix
+    offer_wait_s: float = Field(0.5, gt=0)  # ARBOR_OFFER_WAIT_S: how long an unread offer waits for its worker
+
+    @field_validator("key_priorities", mode="before")
+    @classmethod
+    def _parse_key_priorities(cls, value: object) -> object:
+        return parse_key_priorities(value) if isinstance(value, str) else value
 
     @field_validator("api_keys", mode="before")
     @classmethod

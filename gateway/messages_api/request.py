@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from shared.priority import MAX_PRIORITY, MIN_PRIORITY
+
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # the chat route's function-name rule
 _UNSUPPORTED_BLOCKS = {
     "image": "image blocks are not supported: Arbor serves text-only models",
@@ -170,6 +172,7 @@ class MessagesRequest(BaseModel):
     metadata: dict[str, Any] | None = None  # user_id: a tag; used by nothing
     seed: int | None = None  # Arbor's, as on the chat route: reproducible sampling (not Anthropic's)
     ignore_eos: bool = False  # Arbor's (vLLM's), as on the chat route: run to max_tokens (benchmarks)
+    priority: int | None = Field(None, ge=MIN_PRIORITY, le=MAX_PRIORITY)  # Arbor's (vLLM's), as on chat
 
 
 class CountTokensRequest(BaseModel):

@@ -48,7 +48,7 @@ async def create_message(request: Request) -> Response:
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = _parse(MessagesRequest, raw)
-    chat = await admitted(svc, _translated(lambda: to_chat_request(req, svc.limits)))
+    chat = await admitted(svc, _translated(lambda: to_chat_request(req, svc.limits)), request)
     gen = await _opened(svc, request, "chat", chat, arrived)
     if isinstance(gen, Response):
         return gen
@@ -68,7 +68,7 @@ async def count_tokens(request: Request) -> Response:
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = _parse(CountTokensRequest, raw)
-    chat = await admitted(svc, _translated(lambda: count_request(req, svc.limits)))
+    chat = await admitted(svc, _translated(lambda: count_request(req, svc.limits)), request)
     gen = await _opened(svc, request, "count", chat, arrived)
     if isinstance(gen, Response):
         return gen

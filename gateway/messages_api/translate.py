@@ -51,6 +51,7 @@ def to_chat_request(req: MessagesRequest, limits: Limits) -> ChatCompletionReque
         "top_k": req.top_k,
         "seed": req.seed,
         "ignore_eos": req.ignore_eos or None,
+        "priority": req.priority,
     }
     return ChatCompletionRequest.model_validate(_without_none(body), context=limits_context(limits))
 

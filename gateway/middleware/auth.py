@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway import errors
 from gateway.messages_api import errors as messages_errors
 
+API_KEY_STATE = "api_key"  # request.state attribute: the key the request was made with
 OPS_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
 PROBE_PATHS = frozenset({"/livez", "/readyz"})  # a kubelet sends no key; they say only ok or not
 
@@ -41,7 +42,9 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if self._accepts_bearer(headers.get("authorization", "")) or self._accepts(headers.get("x-api-key", "")):
+        key = self._accepted_key(headers)
+        if key is not None:
+            scope.setdefault("state", {})[API_KEY_STATE] = key  # its priority policy (`shared.priority`)
             await self.app(scope, receive, send)
             return
         error = errors.unauthorized()
@@ -51,9 +54,12 @@ class AuthMiddleware:
         else:
             await error.response()(scope, receive, send)
 
-    def _accepts_bearer(self, header: str) -> bool:
-        scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and self._accepts(token)
+    def _accepted_key(self, headers: Headers) -> str | None:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and self._accepts(token):
+            return token.strip()
+        token = headers.get("x-api-key", "")
+        return token.strip() if self._accepts(token) else None
 
     def _accepts(self, token: str) -> bool:
         candidate = token.strip().encode()

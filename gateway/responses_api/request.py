@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from shared.openai_schema import UnsupportedField, one_service_tier
+from shared.priority import MAX_PRIORITY, MIN_PRIORITY
 from shared.structured_output import StructuredOutputError, json_schema_output
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -282,6 +283,7 @@ class ResponsesRequest(_Strict):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     seed: int | None = None  # Arbor's (as on chat): a seeded sample is reproducible
     ignore_eos: bool = False  # Arbor's (vLLM's), as on chat: run to max_output_tokens (benchmarks)
+    priority: int | None = Field(None, ge=MIN_PRIORITY, le=MAX_PRIORITY)  # Arbor's (vLLM's), as on chat
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     store: bool = True

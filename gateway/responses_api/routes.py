@@ -67,7 +67,7 @@ async def create_response(request: Request) -> Response:
     req = parse_request(raw, svc.limits)
     store = _store(svc)
     translation = await _translated(req, store, svc.limits)
-    chat = await admitted(svc, translation.chat)
+    chat = await admitted(svc, translation.chat, request)
     job = new_job(
         "chat",
         chat,

@@ -82,6 +82,7 @@ def translate(req: ResponsesRequest, previous_items: list[dict[str, Any]], limit
         "top_p": req.top_p,
         "seed": req.seed,
         "ignore_eos": req.ignore_eos or None,
+        "priority": req.priority,
         "user": req.user,
         "parallel_tool_calls": req.parallel_tool_calls,
         "tool_choice": tool_choice,

@@ -26,6 +26,7 @@ from gateway.completion_format import CompletionFormat
 from gateway.delivery import ClientGone
 from gateway.generation import Generation, GenerationFailed
 from gateway.jobs import new_job
+from gateway.middleware.auth import API_KEY_STATE
 from gateway.middleware.disconnect import disconnect_watch
 from gateway.openai_responses import dump
 from gateway.services import Services
@@ -37,6 +38,7 @@ from shared.openai_schema import (
     Limits,
     limits_context,
 )
+from shared.priority import resolve
 from shared.protocol import JobKind
 from shared.settings import GatewaySettings
 
@@ -62,7 +64,7 @@ async def _generate(request: Request, kind: JobKind) -> Response:
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     req = parse_request(kind, raw, svc.limits)
-    req = await admitted(svc, req)
+    req = await admitted(svc, req, request)
     jobs = [
         new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
         for one in _one_request_per_prompt(req)
@@ -101,16 +103,21 @@ async def read_request(request: Request, settings: GatewaySettings) -> bytes:
         raise errors.body_timeout(settings.client_timeout_s) from None
 
 
-async def admitted(svc: Services, req: Admitted) -> Admitted:
-    """`req` admitted, naming its model's served name: an alias names another model, and the job
-    goes to that model's stream, its replies carrying that name. Raises ApiError."""
+async def admitted(svc: Services, req: Admitted, request: Request) -> Admitted:
+    """`req` admitted, naming its model's served name (an alias names another model, and the job
+    goes to that model's stream, its replies carrying that name) and the priority it runs at (its
+    own within its API key's cap, else the key's default). Raises ApiError."""
     settings = svc.settings
     try:
         async with asyncio.timeout(settings.redis_timeout_s):
             served = await svc.admission.admit(req.model)
     except (RedisError, OSError, TimeoutError) as exc:
         raise errors.redis_unavailable(exc) from exc
-    return req if served == req.model else cast(Admitted, req.model_copy(update={"model": served}))
+    policy = settings.key_priorities.get(getattr(request.state, API_KEY_STATE, ""))
+    priority = resolve(req.priority, policy)
+    if served == req.model and priority == req.priority:
+        return req
+    return cast(Admitted, req.model_copy(update={"model": served, "priority": priority}))
 
 
 def _one_request_per_prompt(req: GenerationRequest) -> Sequence[GenerationRequest]:

@@ -151,6 +151,7 @@ def _add_serving_parser(commands) -> None:
     )
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers to load")
     parser.add_argument("--level-timeout", type=float, default=900.0, help="seconds one load level may take")
+    _add_routing_options(parser)
     _add_common(parser)
     parser.set_defaults(handler=_run_serving)
 
@@ -181,6 +182,25 @@ def _add_agent_parser(commands) -> None:
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one (mode, streams) run may take")
     _add_common(parser)
     parser.set_defaults(handler=_run_agent)
+
+
+def _add_routing_options(parser) -> None:
+    group = parser.add_argument_group("routing scenarios (ops/bench/routing.py)")
+    group.add_argument(
+        "--scenario",
+        choices=("sweep", "placement", "priority"),
+        default="sweep",
+        help="sweep: the concurrency sweep (default); placement: multi-turn conversations on two workers "
+        "with prefix placement off, on, and on one worker; priority: priority-0 TTFT idle, under priority-10 "
+        "load, and under the same load at priority 0",
+    )
+    group.add_argument("--conversations", type=int, default=8, help="placement: conversations at a time")
+    group.add_argument("--turns", type=int, default=10, help="placement: turns per conversation")
+    group.add_argument("--priority-requests", type=int, default=20, help="priority: measured priority-0 requests")
+    group.add_argument(
+        "--load-streams", type=int, default=None, help="priority: priority-10 streams (default 2 × --max-lanes)"
+    )
+    group.add_argument("--max-lanes", type=int, default=8, help="routing scenarios: lanes per worker (default 8)")
 
 
 def _add_owner_parser(commands) -> None:
@@ -304,6 +324,10 @@ def _run_decode(args: argparse.Namespace) -> int:
 
 
 def _run_serving(args: argparse.Namespace) -> int:
+    if args.scenario != "sweep":
+        from ops.bench.routing import run_routing_command
+
+        return run_routing_command(_default_model_as_none(args))
     from ops.bench.serving import run_serving_command
 
     return run_serving_command(args if args.base_url else _default_model_as_none(args))

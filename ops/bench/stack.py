@@ -44,6 +44,8 @@ class Stack:
         max_workers: int = 1,
         prefill_cache_bytes: int | None = 0,  # None: the worker's own default
         extra_env: dict[str, str] | None = None,
+        worker_argv: tuple[str, ...] = (),
+        gateway_env: dict[str, str] | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.model_name = served_name(model)
@@ -57,6 +59,9 @@ class Stack:
         self._ready_timeout_s = ready_timeout_s
         self._prefill_cache_bytes = prefill_cache_bytes
         self._extra_env = dict(extra_env or {})  # more worker settings (ARBOR_QUANTIZE, ...)
+        self._worker_argv = list(worker_argv)
+        self._gateway_env = dict(gateway_env or {})
+        self._port = 0
         self._redis: EmbeddedRedis | None = None
         self._gateway: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -65,26 +70,37 @@ class Stack:
 
     def start(self, num_workers: int) -> Stack:
         self._redis = EmbeddedRedis().start()
-        port = _free_loopback_port()
-        self.base_url = f"http://127.0.0.1:{port}"
-        self._gateway = self._spawn(["gateway", "--host", "127.0.0.1", "--port", str(port)], "gateway")
+        self._port = _free_loopback_port()
+        self.base_url = f"http://127.0.0.1:{self._port}"
+        self._start_gateway()
         self.add_workers(num_workers)
         return self
 
+    def restart_gateway(self, env: dict[str, str]) -> None:
+        """The gateway stopped and started again on its port with `env` (e.g. ARBOR_PLACEMENT=0)."""
+        stop_all([self._gateway] if self._gateway is not None else [])
+        self._gateway_env = dict(env)
+        self._start_gateway()
+        self._wait_ready(len(self.workers))
+
+    def _start_gateway(self) -> None:
+        argv = ["gateway", "--host", "127.0.0.1", "--port", str(self._port)]
+        self._gateway = self._spawn(argv, f"gateway{self._log_suffix}", self._gateway_env)
+
     def add_workers(self, count: int) -> None:
         # by default the prefill cache off: repeated prompts must not become cache hits
-        argv = ["worker", "--speculation", self.speculation, *self._model_argv]
+        argv = ["worker", "--speculation", self.speculation, *self._model_argv, *self._worker_argv]
         if self._prefill_cache_bytes is not None:
             argv += ["--prefill-cache-bytes", str(self._prefill_cache_bytes)]
         for _ in range(count):
             self.workers.append(self._spawn(argv, f"worker-{len(self.workers) + 1}{self._log_suffix}"))
         self._wait_ready(len(self.workers))
 
-    def restart_workers(self, speculation: str) -> None:
-        """Every worker drained and as many started in `speculation`; Redis and the gateway stay up."""
-        count = len(self.workers)
-        self.remove_workers(count)
-        self.speculation, self._log_suffix = speculation, f"-{speculation}"
+    def restart_workers(self, speculation: str, count: int | None = None, log_suffix: str | None = None) -> None:
+        """Every worker drained and `count` (as many) started in `speculation`; Redis and the gateway stay up."""
+        count = len(self.workers) if count is None else count
+        self.remove_workers(len(self.workers))
+        self.speculation, self._log_suffix = speculation, log_suffix or f"-{speculation}"
         self.add_workers(count)
 
     def remove_workers(self, count: int) -> None:
@@ -112,9 +128,11 @@ class Stack:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         assert self._redis is not None
-        env = dict(os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype, **self._extra_env)
+        env = dict(
+            os.environ, REDIS_URL=self._redis.url, ARBOR_DTYPE=self._dtype, **self._extra_env, **(extra_env or {})
+        )
         env["ARBOR_WORKERS_PER_HOST"] = str(self._max_workers)
         if self._worker_threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self._worker_threads)

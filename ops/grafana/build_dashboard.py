@@ -127,6 +127,51 @@ ROWS = [
             ("Prefill cache bytes", "bytes", [("{{instance}}", "arbor_worker_prefix_cache_bytes")]),
         ],
     ),
+    (
+        "Placement and priority",
+        [
+            (
+                "Placement decisions / s",
+                "reqps",
+                [("{{outcome}}", "sum by (outcome) (rate(arbor_placement_total[5m]))")],
+            ),
+            (
+                "Prefill cache hit rate by worker",
+                "percentunit",
+                [
+                    (
+                        "{{worker}}",
+                        "sum by (worker) (rate(arbor_worker_prefix_cache_hits_total[5m]))"
+                        " / sum by (worker) (rate(arbor_worker_prefix_cache_queries_total[5m]))",
+                    )
+                ],
+            ),
+            (
+                "Waiting by priority class",
+                "short",
+                [
+                    ("stream p{{priority}}", "sum by (priority) (arbor_queue_waiting_by_class)"),
+                    ("in workers p{{priority}}", "sum by (priority) (arbor_lanes_waiting_by_class)"),
+                ],
+            ),
+            (
+                "Time to first token p50 by class",
+                "s",
+                [
+                    (
+                        "p{{priority}}",
+                        "histogram_quantile(0.5, sum by (le, priority)"
+                        " (rate(arbor_time_to_first_token_by_class_seconds_bucket[5m])))",
+                    )
+                ],
+            ),
+            (
+                "Preemptions / s by class",
+                "short",
+                [("p{{priority}}", "sum by (priority) (rate(arbor_preemptions_by_class_total[5m]))")],
+            ),
+        ],
+    ),
 ]
 
 

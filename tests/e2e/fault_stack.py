@@ -28,7 +28,7 @@ from ops.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.live_stack import free_loopback_port, spawn
-from tests.support.pending import job_owner
+from tests.support.pending import job_owner_in_any_stream
 from tests.support.waiting import wait_for
 
 MODEL = "tiny-qwen3"
@@ -201,7 +201,7 @@ class FaultStack:
     def job_owner(self, request_id: str) -> str | None:
         """The worker holding the request's stream entry (pending for it), if any."""
         with self.redis() as client:
-            return job_owner(client, keys.request_stream(MODEL), request_id)
+            return job_owner_in_any_stream(client, MODEL, request_id)
 
     def requests_running(self) -> float:
         """The gateway's `arbor_requests_running` gauge: generations it still has in flight."""

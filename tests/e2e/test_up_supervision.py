@@ -29,7 +29,7 @@ from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.chat_stream import BackgroundStream
 from tests.e2e.live_stack import READY_LINE, REPO_ROOT, STOP_TIMEOUT_S, free_loopback_port, spawn
-from tests.support.pending import job_owner
+from tests.support.pending import job_owner_in_any_stream
 from tests.support.processes import child_pids, command_line
 from tests.support.tiny_models import make_tiny_model
 from tests.support.waiting import wait_for
@@ -62,7 +62,7 @@ class UpStack:
 
     def job_owner(self, request_id: str) -> str | None:
         with self.redis() as client:
-            return job_owner(client, keys.request_stream(MODEL), request_id)
+            return job_owner_in_any_stream(client, MODEL, request_id)
 
     def restarts(self) -> dict[str, float]:
         exposition = httpx.get(f"{self.base_url}/metrics", timeout=10).text

@@ -99,6 +99,7 @@ class ProtocolPeer:
     speculation: str = "mtp"
     lanes_total: int = 4
     aliases: tuple[str, ...] = ()  # more names for `model` (a worker's --served-model-name name,alias)
+    priorities: tuple[int, ...] = (0,)  # the priority classes whose streams it reads
     counters: Counters = field(default_factory=Counters)
     jobs: list[Job] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
@@ -112,11 +113,14 @@ class ProtocolPeer:
 
     def start(self) -> ProtocolPeer:
         self.beat()
-        try:
-            self._redis.xgroup_create(keys.request_stream(self.model), keys.CONSUMER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for priority in self.priorities:
+            try:
+                self._redis.xgroup_create(
+                    keys.request_stream(self.model, priority), keys.CONSUMER_GROUP, id="0", mkstream=True
+                )
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
         self._spawn(self._run)
         return self
 
@@ -160,19 +164,19 @@ class ProtocolPeer:
             if not self.consume:
                 time.sleep(BLOCK_MS / 1000)
                 continue
-            streams = {keys.request_stream(self.model): ">"}
+            streams = {keys.request_stream(self.model, priority): ">" for priority in self.priorities}
             reply = self._redis.xreadgroup(keys.CONSUMER_GROUP, self.worker_id, streams, count=1, block=BLOCK_MS)
-            for _stream, entries in reply or []:
+            for stream, entries in reply or []:
                 for entry_id, fields in entries:
-                    self._spawn(self._serve, entry_id, Job.from_fields(fields))
+                    self._spawn(self._serve, stream, entry_id, Job.from_fields(fields))
 
-    def _serve(self, entry_id: str, job: Job) -> None:
+    def _serve(self, stream: str, entry_id: str, job: Job) -> None:
         try:
-            self._play(entry_id, job)
+            self._play(stream, entry_id, job)
         except Exception as exc:  # a broken script must fail the test, not vanish in a thread
             self.problems.append(f"{job.id}: {type(exc).__name__}: {exc}")
 
-    def _play(self, entry_id: str, job: Job) -> None:
+    def _play(self, stream: str, entry_id: str, job: Job) -> None:
         self.jobs.append(job)
         self._check_body(job)
         seq = 0
@@ -185,8 +189,8 @@ class ProtocolPeer:
                 self._emit(job, seq, step)
                 seq += 1
         with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xack(keys.request_stream(self.model), keys.CONSUMER_GROUP, entry_id)
-            pipe.xdel(keys.request_stream(self.model), entry_id)
+            pipe.xack(stream, keys.CONSUMER_GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
             pipe.delete(keys.job_state(job.id))
             pipe.execute()
 

@@ -102,7 +102,7 @@ def test_the_queue_limit_holds_when_requests_race_for_the_last_places(
                 now = time.time()
                 job = Job(id=f"chatcmpl-race{i}", model=MODEL, kind="chat", body="{}", created=now, deadline=now + 60)
                 try:
-                    return await enqueue(client, job, max_queue=5)
+                    return (await enqueue(client, job, max_queue=5)).entry_id
                 except QueueFull as full:
                     return full.length
 

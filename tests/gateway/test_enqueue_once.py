@@ -87,14 +87,15 @@ def tcp_redis() -> Iterator[RedisServer]:
 
 def test_a_retried_enqueue_queues_the_job_once(tcp_redis):
     job = _job()
-    _, entry_id = asyncio.run(
+    _, queued = asyncio.run(
         _queue_through_proxy(
             tcp_redis.port, keys.enqueued_marker(job.id).encode(), lambda client: enqueue(client, job, max_queue=10)
         )
     )
     plain = redis.Redis.from_url(tcp_redis.url, decode_responses=True)
     entries = plain.xrange(keys.request_stream(MODEL))
-    assert [entry for entry, _ in entries] == [entry_id], "one entry, and the id the gateway was told"
+    assert [entry for entry, _ in entries] == [queued.entry_id], "one entry, and the id the gateway was told"
+    assert queued.stream == keys.request_stream(MODEL)
     assert Job.from_fields(entries[0][1]) == job
     ttl = plain.ttl(keys.enqueued_marker(job.id))
     assert 60 < ttl <= 60 + 60 + 1, "the marker outlives the job's deadline, then goes"

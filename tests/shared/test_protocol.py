@@ -40,6 +40,8 @@ def test_job_fields_are_all_strings_and_round_trip() -> None:
         "created": "10.5",
         "deadline": "70.5",
         "attempt": "1",
+        "priority": "0",
+        "prefixes": "",
     }
     assert Job.from_fields({k.encode(): v.encode() for k, v in fields.items()}) == job
     assert job.request() == {"a": 1}
@@ -50,7 +52,7 @@ def test_job_rejects_unknown_kind_and_extra_fields() -> None:
     with pytest.raises(ValidationError):
         Job.from_fields(fields | {"kind": "embedding"})
     with pytest.raises(ValidationError):
-        Job.from_fields(fields | {"priority": "9"})
+        Job.from_fields(fields | {"urgency": "9"})
 
 
 def test_job_state_is_a_small_hash_and_its_tokens_are_replayed_from_the_event_log() -> None:

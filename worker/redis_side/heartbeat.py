@@ -54,7 +54,14 @@ class WorkerIdentity:
     aliases: tuple[str, ...] = ()  # other names clients may send for the model
 
 
-def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, lanes_busy: int) -> Heartbeat:
+def heartbeat(
+    identity: WorkerIdentity,
+    counters: WorkerCounters,
+    ready: bool,
+    lanes_busy: int,
+    waiting_by_class: dict[int, int] | None = None,
+    preemptions_by_class: dict[int, int] | None = None,
+) -> Heartbeat:
     return Heartbeat(
         worker_id=identity.worker_id,
         model=identity.model,
@@ -72,6 +79,8 @@ def heartbeat(identity: WorkerIdentity, counters: WorkerCounters, ready: bool, l
         draft_sources={source: counts.to_dict() for source, counts in list(counters.by_source.items())},
         prefix_cache_hits=counters.prefix_cache_hits,
         prefix_cache_queries=counters.prefix_cache_queries,
+        waiting_by_class=dict(waiting_by_class or {}),
+        preemptions_by_class=dict(preemptions_by_class or {}),
         started_at=identity.started_at,
         beat_at=time.time(),
     )

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from shared.placement import PREFIX_TTL_S
 from shared.protocol import ErrorCode, ErrorEvent, FinalEvent, Job, JobState, Usage
 from worker.redis_side import tokenizer_job
 from worker.redis_side.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
@@ -48,23 +51,27 @@ class Intake:
     hand_over: Callable[[JobSpec, JobRef], None]  # to the owner thread
     served: ServingModel | None = None  # set once the model is loaded
 
-    async def accept(self, entry_id: str, fields: dict[str, str], first_delivery: bool = False) -> None:
+    async def accept(
+        self, entry_id: str, fields: dict[str, str], first_delivery: bool = False, stream: str | None = None
+    ) -> None:
         """`first_delivery`: read new (XREADGROUP `>`), so delivered once, to us, with no state yet;
         no claim round trip on the way to its first token (a cancel sent before is seen when the
-        service reads the job's cancel key, just after handing it over)."""
+        service reads the job's cancel key, just after handing it over). `stream`: where the entry
+        is (a class stream or an offer stream), by default the model's priority-0 stream."""
+        stream = stream or self.stream
         try:
             job = parse_job(fields)
         except PoisonJob as error:
-            await self._poison(entry_id, fields, error)
+            await self._poison(stream, entry_id, fields, error)
             return
         if first_delivery:
             claimed: Claim | None = Claim(1, JobState(worker=self.io.worker_id, attempt=1), False)
         else:
-            claimed = await self.io.claim(self.stream, entry_id, job.id)
+            claimed = await self.io.claim(stream, entry_id, job.id)
         if claimed is None:
             return  # taken by another worker between read and claim
         attempt, state = claimed.attempt, claimed.state
-        ref = JobRef(job.id, self.stream, entry_id, attempt)
+        ref = JobRef(job.id, stream, entry_id, attempt)
         if attempt > self.max_attempts:
             message = f"request {job.id} was given up after {attempt - 1} deliveries"
             await self._end_with_error(ref, state, ErrorCode.DEAD_LETTER, message, dead_letter=fields)
@@ -101,6 +108,16 @@ class Intake:
             await self._final(ref, state, Usage(prompt_tokens=len(spec.prompt_ids), completion_tokens=0))
             return
         self.hand_over(spec, ref)
+        if job.prefixes:
+            await self._record_prefixes(job)
+
+    async def _record_prefixes(self, job: Job) -> None:
+        """After the hand-over (off the first token's path): the next turn of this conversation
+        is placed here. A lost record only costs that placement."""
+        try:
+            await self.io.record_prefixes(job.model, job.prefixes.split(), PREFIX_TTL_S)
+        except (RedisError, OSError) as error:
+            log.warning("could not record the prefixes of %s: %s", job.id, error)
 
     async def _final(self, ref: JobRef, state: JobState, usage: Usage, result: dict[str, Any] | None = None) -> None:
         """The one event of a job answered here (count, tokenize), then done."""
@@ -123,15 +140,15 @@ class Intake:
         await self.io.complete(ref, letter)
         log.warning("job %s ended with %s: %s", ref.request_id, code, message)
 
-    async def _poison(self, entry_id: str, fields: dict[str, str], error: PoisonJob) -> None:
+    async def _poison(self, stream: str, entry_id: str, fields: dict[str, str], error: PoisonJob) -> None:
         log.warning("poison entry %s: %s", entry_id, error)
         if error.request_id is not None:
-            claimed = await self.io.claim(self.stream, entry_id, error.request_id)
+            claimed = await self.io.claim(stream, entry_id, error.request_id)
             if claimed is not None:
-                ref = JobRef(error.request_id, self.stream, entry_id, claimed.attempt)
+                ref = JobRef(error.request_id, stream, entry_id, claimed.attempt)
                 await self._end_with_error(ref, claimed.state, error.code, str(error), dead_letter=fields)
                 return
-        await self.io.dead_letter_unowned(self.stream, entry_id, fields, str(error))
+        await self.io.dead_letter_unowned(stream, entry_id, fields, str(error))
 
 
 def prepare_off_loop(job: Job, served: ServingModel) -> bool:

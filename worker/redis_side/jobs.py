@@ -64,6 +64,7 @@ class JobSpec:
     output: OutputOptions
     resume: JobState  # emitted tokens, finished choices and next seq (all empty for a first attempt)
     picked_at: float = field(default_factory=time.time)
+    priority: int = 0  # the class its lanes run in (lower runs sooner)
 
     def resumed_ids(self, choice: int) -> list[int]:
         emitted = self.resume.emitted_token_ids
@@ -110,7 +111,18 @@ def build_spec(
     if params.structured is not None:
         params = _with_structured_output(params, output, served)
     return JobSpec(
-        job.id, entry_id, attempt, job.kind, job.created, job.deadline, prompt_ids, params, request.n, output, resume
+        job.id,
+        entry_id,
+        attempt,
+        job.kind,
+        job.created,
+        job.deadline,
+        prompt_ids,
+        params,
+        request.n,
+        output,
+        resume,
+        priority=job.priority,
     )
 
 

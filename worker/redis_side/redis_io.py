@@ -235,6 +235,32 @@ class RedisIO:
         )
         return [(_text(entry_id), fields) for entry_id, fields in entries if fields is not None]
 
+    async def read_streams(
+        self, streams: Sequence[str], count: int, block_ms: int | None
+    ) -> list[tuple[str, str, dict[str, str]]]:
+        """(stream, entry id, fields) of new entries, up to `count` from each stream that has any
+        (one XREADGROUP over all of them); `block_ms` None: answer at once."""
+        reply = await self.redis.xreadgroup(
+            keys.CONSUMER_GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=count, block=block_ms
+        )
+        if not reply:
+            return []
+        # RESP2 [[stream, entries], ...] or RESP3 {stream: [entries]}
+        by_stream = reply if isinstance(reply, list) else [(name, value[0]) for name, value in reply.items()]
+        return [
+            (_text(stream), _text(entry_id), fields)
+            for stream, entries in by_stream
+            for entry_id, fields in cast(list[tuple[str, dict[str, str] | None]], entries)
+            if fields is not None
+        ]
+
+    async def record_prefixes(self, model: str, prefix_hashes: Sequence[str], ttl_s: int) -> None:
+        """This worker now holds these prefixes (`shared.placement`): one pipelined call."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for prefix_hash in prefix_hashes:
+                pipe.set(keys.prefix_owner(model, prefix_hash), self.worker_id, ex=ttl_s)
+            await pipe.execute()
+
     async def autoclaim(self, stream: str, min_idle_ms: int, count: int, start_id: str = "0-0") -> AutoClaim:
         reply = await self.redis.execute_command(
             "XAUTOCLAIM", stream, keys.CONSUMER_GROUP, self.worker_id, min_idle_ms, start_id, "COUNT", count

@@ -2,7 +2,8 @@
 
 Tasks, each owned by `WorkerService.run` and cancelled when it returns:
   heartbeat   beats every interval (ready=0 until the model is loaded and warmed up), touches held entries
-  reader      XREADGROUP one job at a time, only while a lane is free
+  reader      XREADGROUP one job at a time from each stream (`worker.redis_side.job_streams`), while a
+              lane is free, or with every lane busy, of a class better than the worst running lane
   reclaimer   XAUTOCLAIMs dead workers' jobs into free lanes (see `worker.redis_side.reclaim`)
   control     the control channel: cancels reach the owner before the lane's next step
   cancel keys polled for held jobs, for cancels published while this worker was not listening
@@ -44,9 +45,9 @@ from worker.engine.generate import generate
 from worker.models.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES, new_pool
 from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
 from worker.redis_side.intake import Intake
+from worker.redis_side.job_streams import JobStreams
 from worker.redis_side.jobs import JobSpec
 from worker.redis_side.publisher import Publisher
-from worker.redis_side.reclaim import Reclaimer
 from worker.redis_side.redis_io import JobRef, RedisIO
 from worker.serving.model_stepper import ModelStepper
 from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
@@ -198,6 +199,7 @@ class WorkerService:
 
     async def _serve(self, client: Redis, stop: asyncio.Event) -> None:
         self.io = RedisIO(client, self.config.worker_id)
+        self._streams = JobStreams(self.io, self.config.model_name, int(self.config.heartbeat_ttl_s * 1000))
         self._intake = Intake(
             self.io, self.config.stream, self.config.max_attempts, self.config.max_lanes, self._hand_over
         )
@@ -218,9 +220,7 @@ class WorkerService:
                 self._owner = owner_ready.result()  # ready just as the stop came: stopped like a running one
             if self._owner is None or stop.is_set():
                 return
-            group = asyncio.create_task(
-                self._forever_until_ok("consumer group", lambda: self.io.ensure_group(self.config.stream))
-            )
+            group = asyncio.create_task(self._forever_until_ok("consumer group", self._streams.ensure_groups))
             tasks.append(group)  # owned like the loops: cancelled at shut-down if Redis never answers
             await _first(stop, group)
             if stop.is_set():
@@ -240,7 +240,6 @@ class WorkerService:
             "control": self._control_once,
             "cancel-keys": self._poll_cancel_keys_once,
         }
-        self._reclaimer = Reclaimer(self.io, self.config.stream, int(self.config.heartbeat_ttl_s * 1000))
         return [asyncio.create_task(self._forever(name, body), name=name) for name, body in loops.items()]
 
     def _publisher(self, loop: asyncio.AbstractEventLoop) -> Publisher:
@@ -322,7 +321,7 @@ class WorkerService:
             except redis.exceptions.ResponseError as error:
                 if "NOGROUP" in str(error):
                     log.warning("%s: the consumer group is gone (redis restarted?); recreating it", name)
-                    await self._forever_until_ok(name, lambda: self.io.ensure_group(self.config.stream))
+                    await self._forever_until_ok(name, self._streams.ensure_groups)
                     continue
                 log.exception("%s: redis refused a command", name)
             except Exception:  # a loop must not die quietly: log, back off, go on
@@ -343,26 +342,53 @@ class WorkerService:
                 delay = min(2 * delay, BACKOFF_MAX_S)
 
     async def _heartbeat_once(self) -> None:
-        beat_fields = heartbeat(self.identity, self.counters, self._ready, self.capacity.held)
+        capacity = self.capacity
+        # Draining, it takes no more jobs: all lanes busy, so no gateway offers it one (placement)
+        lanes_busy = self.identity.lanes_total if self._draining else capacity.held
+        beat_fields = heartbeat(
+            self.identity,
+            self.counters,
+            self._ready,
+            lanes_busy,
+            capacity.waiting_by_class,
+            capacity.preemptions_by_class,
+        )
         await beat(self.io.redis, beat_fields, self.config.heartbeat_ttl_s)
-        await self.io.touch(self.config.stream, [ref.entry_id for ref in self._held.values()])
+        by_stream: dict[str, list[str]] = {}
+        for ref in self._held.values():
+            by_stream.setdefault(ref.stream, []).append(ref.entry_id)
+        for stream, entry_ids in by_stream.items():
+            await self.io.touch(stream, entry_ids)
         await asyncio.sleep(self.config.heartbeat_interval_s)
 
     async def _read_once(self) -> None:
-        if self._draining or self.capacity.free() <= 0:
+        """With a lane free: the offer stream and every class (blocking). With none, a job of a
+        class better than the worst running lane, which it will preempt (not blocking, and only
+        while no accepted lane waits already: one preemption at a time)."""
+        if self._draining:
             await asyncio.sleep(FREE_LANE_POLL_S)
             return
-        for entry_id, fields in await self.io.read_new(self.config.stream, 1, READ_BLOCK_MS):
-            await self._intake.accept(entry_id, fields, first_delivery=True)
+        await self._streams.refresh()
+        capacity = self.capacity
+        if capacity.free() > 0:
+            entries = await self.io.read_streams(self._streams.for_free_lanes(), 1, READ_BLOCK_MS)
+        else:
+            worst = capacity.worst_running
+            better = self._streams.better_than(worst) if worst is not None and not capacity.num_waiting else []
+            entries = await self.io.read_streams(better, 1, None) if better else []
+            if not entries:
+                await asyncio.sleep(FREE_LANE_POLL_S)
+        for stream, entry_id, fields in entries:
+            await self._intake.accept(entry_id, fields, first_delivery=True, stream=stream)
 
     async def _reclaim_once(self) -> None:
         await asyncio.sleep(self.config.heartbeat_interval_s)
         if self._draining:
             return
-        for entry_id, fields in await self._reclaimer.claim(self.capacity.free()):
-            log.info("reclaimed entry %s (%s)", entry_id, fields.get("id"))
+        for stream, entry_id, fields in await self._streams.reclaim(self.capacity.free()):
+            log.info("reclaimed entry %s (%s) from %s", entry_id, fields.get("id"), stream)
             self.counters.redeliveries += 1
-            await self._intake.accept(entry_id, fields)
+            await self._intake.accept(entry_id, fields, stream=stream)
 
     async def _control_once(self) -> None:
         pubsub = self.io.redis.pubsub(ignore_subscribe_messages=True)

@@ -103,6 +103,11 @@ class Capacity:
         self._held = 0
         self._lock = threading.Lock()
         self.num_waiting = 0  # lanes accepted but not yet started (memory-bound); set by the owner
+        # The lowest class (largest priority) running, None with none: a job of a better class
+        # may be read with every lane busy, to preempt one of these. Set by the owner.
+        self.worst_running: int | None = None
+        self.waiting_by_class: dict[int, int] = {}  # waiting lanes per priority; set by the owner
+        self.preemptions_by_class: dict[int, int] = {}  # lanes preempted per priority; the scheduler's
 
     @property
     def held(self) -> int:
@@ -162,11 +167,12 @@ class Owner:
         self.capacity = capacity
         self.sink = sink
         self.inbox: queue.SimpleQueue[StartJob | DropJob | StopOwner] = queue.SimpleQueue()
-        self.scheduler = Scheduler(
+        self.scheduler = scheduler = Scheduler(
             stepper,
             SchedulerConfig(config.max_lanes, config.max_kv_bytes, config.max_batch_tokens, stepper.num_blocks),
             self._is_cancelled,
         )
+        capacity.preemptions_by_class = scheduler.preemptions_by_class  # the same dict, read by beats
         self._jobs: dict[str, _Job] = {}
         self._cancelled: set[str] = set()
         self._held: dict[LaneKey, list[int]] = {}  # tokens emitted, not yet through their lane's output
@@ -179,10 +185,17 @@ class Owner:
                 self._handle(result)
             if self._held and (self.scheduler.idle or self.sink.due()):
                 self._release_held()
-            self.capacity.num_waiting = self.scheduler.num_waiting
+            self._report_classes()
             sending = self.sink.pump(SINK_WAIT_S if self.scheduler.idle else 0.0)
         for request_id in list(self._jobs):
             self._drop(self._jobs[request_id], cancelled=False)
+
+    def _report_classes(self) -> None:
+        scheduler, capacity = self.scheduler, self.capacity
+        capacity.num_waiting = scheduler.num_waiting
+        capacity.worst_running = scheduler.worst_running_priority
+        if scheduler.num_waiting or capacity.waiting_by_class:
+            capacity.waiting_by_class = scheduler.waiting_by_class()
 
     def _receive(self, block: bool) -> bool:
         if not block and self.inbox.empty():
@@ -248,7 +261,9 @@ class Owner:
                     spec.output.num_prompt_logprobs,
                 )
                 key = (spec.request_id, choice)
-                self.scheduler.submit(LaneRequest(key, kv_bytes, spec.deadline, start, num_blocks, max_blocks))
+                self.scheduler.submit(
+                    LaneRequest(key, kv_bytes, spec.deadline, start, num_blocks, max_blocks, spec.priority)
+                )
         except LaneTooLarge as error:
             self._fail(job, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
             return

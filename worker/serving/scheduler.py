@@ -5,8 +5,9 @@ rows in all (a token budget, as vLLM's and SGLang's schedulers have):
 
 1. every running lane that is decoding gets its decode rows (root + draft nodes), in turn;
 2. running lanes still prefilling get chunks of their prompt, in arrival order, from what is left;
-3. waiting lanes start, in arrival order, while lanes, memory and budget allow; each brings its
-   first prompt chunk into the same step (time to first token is one step, not a queue of turns).
+3. waiting lanes start, best priority class first (lower runs sooner, vLLM's meaning) and in
+   arrival order within a class, while lanes, memory and budget allow; each brings its first
+   prompt chunk into the same step (time to first token is one step, not a queue of turns).
 
 So a long prompt is prefilled over several steps while the other lanes keep decoding in each:
 
@@ -15,9 +16,17 @@ So a long prompt is prefilled over several steps while the other lanes keep deco
 
 Memory is the stepper's pool of KV blocks. A lane is admitted when the blocks its tokens so far
 need are free; a running lane takes blocks as it grows. When a step's lanes need more blocks
-than are free, the most recently started lane that is not in the step yet is preempted: its
-blocks go back, and it waits at the head of the queue to be prefilled again (prompt and output
-so far: its output continues where it stopped, nothing repeated or lost). A lane whose
+than are free, the lowest-class lane not in the step yet is preempted (the most recently
+started among equals): its blocks go back, and it waits at the head of its class to be
+prefilled again (prompt and output so far: its output continues where it stopped, nothing
+repeated or lost). Before each step, a waiting lane of a better class than a running one that
+cannot start (every lane taken, or too few free blocks) has running lanes of the lowest class
+preempted for it, so it starts in that step:
+
+    lanes 2, running A(p10) B(p10), waiting C(p0)  ->  B preempted, step runs A and C;
+    waiting: B (at the head of class 10), resumed when a lane frees
+
+A lane whose
 memory is fixed when it starts (`kv_bytes`, a hybrid model's recurrent state) counts against
 `max_kv_bytes` instead.
 
@@ -31,7 +40,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +59,7 @@ class LaneRequest:
     payload: Any  # what the stepper needs to start the lane
     num_blocks: int = 0  # pool blocks its tokens so far need: admitted when they are free
     max_blocks: int = 0  # pool blocks it needs at its longest (refused if the pool has fewer)
+    priority: int = 0  # its class: lower starts sooner and is preempted later
 
 
 class StepKind(enum.Enum):
@@ -117,7 +127,12 @@ class SchedulerConfig:
 @dataclass(slots=True)
 class _Lane:
     request: LaneRequest
+    arrival: int  # submission order: the tie-break within a class
     state: Any = None  # None until started (a preempted lane keeps its state)
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
 
 
 class Scheduler:
@@ -137,7 +152,9 @@ class Scheduler:
         self._running: deque[_Lane] = deque()
         self._kv_bytes = 0
         self.num_preemptions = 0
+        self.preemptions_by_class: dict[int, int] = {}  # priority -> lanes of that class preempted
         self._decode_turn = 0
+        self._arrivals = 0
 
     @property
     def num_running(self) -> int:
@@ -155,6 +172,17 @@ class Scheduler:
     def idle(self) -> bool:
         return not self._running and not self._waiting
 
+    @property
+    def worst_running_priority(self) -> int | None:
+        """The lowest class among running lanes (the largest number), None with none running."""
+        return max((lane.priority for lane in self._running), default=None)
+
+    def waiting_by_class(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for lane in self._waiting:
+            counts[lane.priority] = counts.get(lane.priority, 0) + 1
+        return counts
+
     def submit(self, request: LaneRequest) -> None:
         if request.kv_bytes > self.config.max_kv_bytes:
             raise LaneTooLarge(
@@ -167,11 +195,13 @@ class Scheduler:
                 f"lane {request.key} needs {request.max_blocks} KV blocks at its longest, more than the "
                 f"worker's {num_blocks} (ARBOR_KV_CACHE_BYTES)"
             )
-        self._waiting.append(_Lane(request))
+        self._arrivals += 1
+        self._wait(_Lane(request, self._arrivals))
 
     def step(self) -> list[StepResult]:
         """One step: the lanes dropped before it, then one result per lane that ran (or failed)."""
         results = self._drop(self._waiting) + self._drop(self._running)
+        self._preempt_for_better_class()
         plan = _Plan(self.config.max_batch_tokens, self.stepper.free_blocks())
         self._plan_running(plan)
         results += self._admit(plan)
@@ -233,20 +263,61 @@ class Scheduler:
         return True
 
     def _victim(self, plan: _Plan) -> _Lane | None:
-        """The most recently started lane not in the step (the lane itself if it is the last)."""
-        for candidate in reversed(self._running):
-            if id(candidate) not in plan.lanes:
-                return candidate
-        return None
+        """The lowest-class lane not in the step, the most recently started among equals (the
+        lane itself if it is that one)."""
+        return self._lowest_class(lane for lane in self._running if id(lane) not in plan.lanes)
+
+    @staticmethod
+    def _lowest_class(lanes: Iterable[_Lane]) -> _Lane | None:
+        victim = None
+        for lane in lanes:  # in start order: a later one of the same class wins
+            if victim is None or lane.priority >= victim.priority:
+                victim = lane
+        return victim
 
     def _preempt(self, plan: _Plan, lane: _Lane) -> None:
         before = self.stepper.free_blocks()
-        self.stepper.preempt(lane.state)
+        self._preempt_lane(lane)
         plan.free_blocks += self.stepper.free_blocks() - before
-        self._running.remove(lane)
         plan.preempted.add(id(lane))
-        self._waiting.appendleft(lane)
+
+    def _preempt_lane(self, lane: _Lane) -> None:
+        self.stepper.preempt(lane.state)
+        self._running.remove(lane)
+        self._wait(lane, first_in_class=True)
         self.num_preemptions += 1
+        self.preemptions_by_class[lane.priority] = self.preemptions_by_class.get(lane.priority, 0) + 1
+
+    def _preempt_for_better_class(self) -> None:
+        """Running lanes of the lowest class make way for a waiting lane of a better class that
+        could not start otherwise (every lane taken, or too few free blocks)."""
+        while self._waiting:
+            head = self._waiting[0]
+            victim = self._lowest_class(self._running)
+            if victim is None or victim.priority <= head.priority or not self._blocked(head):
+                return
+            self._preempt_lane(victim)
+
+    def _blocked(self, lane: _Lane) -> bool:
+        """Every lane taken, or the blocks free once the running lanes took their next step's
+        too few for the lane's tokens."""
+        if len(self._running) >= self.config.max_lanes:
+            return True
+        stepper = self.stepper
+        growth = sum(stepper.blocks_needed(other.state, self._next_rows(other)) for other in self._running)
+        return lane.request.num_blocks + growth > stepper.free_blocks()
+
+    def _next_rows(self, lane: _Lane) -> int:
+        remaining = self.stepper.num_to_prefill(lane.state)
+        return min(remaining, self.config.max_batch_tokens) if remaining else self.stepper.decode_rows(lane.state)
+
+    def _wait(self, lane: _Lane, first_in_class: bool = False) -> None:
+        """Into the waiting queue, ordered by class: a new lane after its class, a preempted one
+        at its head (it started first, and resumes first)."""
+        # a preempted lane goes before its class's first lane, a new one after its class's last
+        bound = lane.priority - 1 if first_in_class else lane.priority
+        index = next((i for i, other in enumerate(self._waiting) if other.priority > bound), len(self._waiting))
+        self._waiting.insert(index, lane)
 
     def _admit(self, plan: _Plan) -> list[StepResult]:
         """Start (or resume) waiting lanes, in arrival order, while lanes, memory and budget allow."""

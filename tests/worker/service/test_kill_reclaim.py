@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 class WorkerProcess:
-    def __init__(self, worker_id: str, model_dir: Path, redis_url: str, log_dir: Path):
+    def __init__(self, worker_id: str, model_dir: Path, redis_url: str, log_dir: Path, **extra_env: str):
         self.worker_id = worker_id
         self.log_path = log_dir / f"{worker_id}.log"
         env = {
@@ -44,6 +44,7 @@ class WorkerProcess:
             "ARBOR_DRAIN_GRACE_S": "5",
             "OMP_NUM_THREADS": "1",
             "ARBOR_LOG_LEVEL": "info",
+            **extra_env,
         }
         command = [
             sys.executable,
