@@ -2,7 +2,9 @@
 
 {"status": "ok" | "unavailable", "redis": true,
  "workers": [{"id", "model", "speculation", "ready", "lanes_total", "lanes_busy",
-              "heartbeat_age_s"}]}
+              "heartbeat_age_s", "max_context", "capacity": {"kv_cache_bytes", "kv_tokens",
+              "kv_bytes_per_token", "state_bytes_per_lane", "state_lanes", "weight_bytes",
+              "max_context_lanes"}}]}
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway.services import Services
-from shared.heartbeat import Heartbeat
+from shared.heartbeat import CAPACITY_FIELDS, Heartbeat
 from shared.live_workers import live_workers
 
 
@@ -44,4 +46,6 @@ def _row(beat: Heartbeat) -> dict[str, object]:
         "lanes_total": beat.lanes_total,
         "lanes_busy": beat.lanes_busy,
         "heartbeat_age_s": round(beat.age_s(), 3),
+        "max_context": beat.max_context,
+        "capacity": {name: getattr(beat, name) for name in CAPACITY_FIELDS},
     }
