@@ -1,4 +1,6 @@
-"""`arbor bench decode|serving|owner|pool`: the parsers. Torch-free, so `arbor` builds its parser without torch."""
+"""`arbor bench decode|serving|owner|pool|numerics|kernels|context`: the parsers.
+
+Torch-free, so `arbor` builds its parser without torch."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ def add_bench_parser(subparsers) -> None:
     _add_pool_parser(commands)
     _add_numerics_parser(commands)
     _add_kernels_parser(commands)
+    from ops.bench.context import add_context_parser
+
+    add_context_parser(commands)
 
 
 def _add_decode_parser(commands) -> None:
