@@ -90,6 +90,9 @@ def test_health_and_models_publish_what_fits(served: Served) -> None:
     assert capacity["weight_bytes"] > 0
     [model] = served.gateway.openai().models.list().data
     assert model.model_extra["max_model_len"] == served.max_context
+    metrics = served.gateway.http().get("/metrics").text
+    assert f'arbor_max_context_lanes{{model="{MODEL}",speculation="none"}} 1.0' in metrics
+    assert f'arbor_kv_capacity_tokens{{model="{MODEL}",speculation="none"}} {capacity["kv_tokens"]}.0' in metrics
 
 
 def test_the_workers_metrics_carry_the_capacity(served: Served) -> None:
