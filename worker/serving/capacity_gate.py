@@ -66,7 +66,8 @@ def start_capacity(
         )
     max_context, note = runner.max_context, ""
     if fits < max_context:
-        note = f"the most one lane's K/V can hold in this worker's cache of {budget} bytes (ARBOR_KV_CACHE_BYTES)"
+        setting = f"ARBOR_KV_CACHE_BYTES={budget}" if kv_cache_bytes else f"{budget} bytes, ARBOR_KV_CACHE_BYTES unset"
+        note = f"the most one lane's K/V can hold in this worker's cache ({setting})"
         log.warning("max context %d does not fit: serving %d tokens, %s", max_context, fits, note)
         max_context = fits
     return StartCapacity(
