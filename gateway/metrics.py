@@ -17,7 +17,8 @@ Measured here, per request:
 Read from Redis at scrape time (`fleet.FleetSnapshot`), labelled by model (and mode):
     arbor_redis_up, arbor_queue_waiting, arbor_queue_pending, arbor_queue_oldest_age_seconds,
     arbor_dead_letters, arbor_workers_live, arbor_workers_ready, arbor_lanes_total,
-    arbor_lanes_busy, and counters summed over live heartbeats: arbor_worker_steps_total,
+    arbor_lanes_busy, arbor_kv_capacity_tokens, arbor_max_context_lanes (the capacity gate's),
+    and counters summed over live heartbeats: arbor_worker_steps_total,
     arbor_worker_tokens_total, arbor_spec_drafts_total, arbor_spec_draft_tokens_total,
     arbor_spec_accepted_tokens_total, arbor_prefix_cache_hits_total,
     arbor_prefix_cache_queries_total, and the draft counters by draft source (label `source`:
@@ -147,12 +148,20 @@ def _worker_gauges(snap: FleetSnapshot) -> Iterator[Metric]:
         "ready": GaugeMetricFamily("arbor_workers_ready", "Live workers reading their stream", labels=labels),
         "lanes_total": GaugeMetricFamily("arbor_lanes_total", "Lanes (request slots)", labels=labels),
         "lanes_busy": GaugeMetricFamily("arbor_lanes_busy", "Lanes serving a request", labels=labels),
+        "kv_tokens": GaugeMetricFamily(
+            "arbor_kv_capacity_tokens", "Tokens of K/V the workers' caches hold", labels=labels
+        ),
+        "max_context_lanes": GaugeMetricFamily(
+            "arbor_max_context_lanes", "Lanes of their max context the workers' caches hold together", labels=labels
+        ),
     }
     for (model, mode), group in sorted(snap.by_model_and_mode().items()):
         families["live"].add_metric([model, mode], len(group))
         families["ready"].add_metric([model, mode], sum(beat.ready for beat in group))
         families["lanes_total"].add_metric([model, mode], sum(beat.lanes_total for beat in group))
         families["lanes_busy"].add_metric([model, mode], sum(beat.lanes_busy for beat in group))
+        families["kv_tokens"].add_metric([model, mode], sum(beat.kv_tokens for beat in group))
+        families["max_context_lanes"].add_metric([model, mode], sum(beat.max_context_lanes for beat in group))
     yield from families.values()
 
 

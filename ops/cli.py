@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(subparsers)
     add_worker_parser(subparsers)
     from ops.bench.cli import add_bench_parser
+    from ops.capacity import add_capacity_parser
     from ops.eval.cli import add_eval_parser
     from ops.top import add_top_parser
     from ops.training.train_drafter import add_train_parser
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_top_parser(subparsers)
     add_bench_parser(subparsers)
     add_eval_parser(subparsers)
+    add_capacity_parser(subparsers)
     _add_gateway_parser(subparsers)
     return parser
 

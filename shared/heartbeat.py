@@ -22,6 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field
 _Field = TypeVar("_Field", bound=bytes | str)
 
 
+CAPACITY_FIELDS = (
+    "kv_cache_bytes",
+    "kv_tokens",
+    "kv_bytes_per_token",
+    "state_bytes_per_lane",
+    "state_lanes",
+    "weight_bytes",
+    "max_context_lanes",
+)
+
+
 class Heartbeat(BaseModel):
     model_config = ConfigDict(extra="ignore")  # newer workers may report more
 
@@ -47,6 +58,14 @@ class Heartbeat(BaseModel):
     # priority. JSON objects in the hash.
     waiting_by_class: dict[int, int] = Field(default_factory=dict)
     preemptions_by_class: dict[int, int] = Field(default_factory=dict)
+    # The capacity gate's figures (0: unknown; see worker/models/capacity.py)
+    kv_cache_bytes: int = 0  # the cache lanes' K/V and recurrent states share
+    kv_tokens: int = 0  # tokens of K/V it holds
+    kv_bytes_per_token: int = 0
+    state_bytes_per_lane: int = 0  # a hybrid lane's recurrent state (0: a plain model)
+    state_lanes: int = 0  # lanes' states it holds
+    weight_bytes: int = 0
+    max_context_lanes: int = 0  # lanes of max_context tokens that fit together
     started_at: float  # unix s
     beat_at: float  # unix s
 

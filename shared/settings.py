@@ -115,9 +115,11 @@ class WorkerSettings(BaseSettings):
     redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
     worker_id: str = Field(default_factory=_default_worker_id, validation_alias="WORKER_ID")
     max_lanes: int = Field(32, ge=1)  # ARBOR_MAX_LANES: concurrent requests (lanes batched in each step)
-    max_context: int = Field(4096, ge=16)  # ARBOR_MAX_CONTEXT: tokens per lane, prompt + output
+    # ARBOR_MAX_CONTEXT: tokens per lane, prompt + output; unset: the model's max_position_embeddings,
+    # or the longest lane the KV cache holds if that is less (logged)
+    max_context: int | None = Field(None, ge=16)
     # ARBOR_KV_CACHE_BYTES: the KV pool every lane's K/V lives in; unset: room for every lane at
-    # full context, at most 2 GiB
+    # full context, at most 2 GiB and 90% of the memory free once the weights are loaded
     kv_cache_bytes: int | None = Field(None, ge=1)
     # ARBOR_MAX_BATCH_TOKENS: rows of one step (decode rows first, then prefill chunks)
     max_batch_tokens: int = Field(256, ge=1)

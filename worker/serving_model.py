@@ -28,6 +28,7 @@ class ServingModel:
     template: ChatTemplate | None
     tool_parser: str = "hermes"  # the tool-call format its answers are read in (worker/chat/tool_parser.py)
     json_whitespace: JsonWhitespace = "compact"  # JSON in forced calls and schemas (shared/structured_output.py)
+    context_limit: str = ""  # why runner.max_context is below the model's own (the capacity gate); "" if not
 
     @property
     def tokenizer(self) -> tokenizers.Tokenizer:

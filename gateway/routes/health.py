@@ -2,7 +2,9 @@
 
 {"status": "ok" | "unavailable", "redis": true,
  "workers": [{"id", "model", "speculation", "ready", "lanes_total", "lanes_busy",
-              "heartbeat_age_s"}]}
+              "heartbeat_age_s", "max_context", "capacity": {"kv_cache_bytes", "kv_tokens",
+              "kv_bytes_per_token", "state_bytes_per_lane", "state_lanes", "weight_bytes",
+              "max_context_lanes"}}]}
 
 The probes an orchestrator uses are separate, since /health is about the fleet, not this process:
 restarting a gateway because no worker is ready (a pool scaled down, a model loading) would only
@@ -20,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway.services import Services
-from shared.heartbeat import Heartbeat
+from shared.heartbeat import CAPACITY_FIELDS, Heartbeat
 from shared.live_workers import live_workers
 
 
@@ -50,6 +52,8 @@ def _row(beat: Heartbeat) -> dict[str, object]:
         "lanes_total": beat.lanes_total,
         "lanes_busy": beat.lanes_busy,
         "heartbeat_age_s": round(beat.age_s(), 3),
+        "max_context": beat.max_context,
+        "capacity": {name: getattr(beat, name) for name in CAPACITY_FIELDS},
     }
 
 

@@ -1,5 +1,6 @@
-"""`arbor bench decode|serving|agent|owner|pool|...`: the parsers. Torch-free, so `arbor` builds its parser
-without torch."""
+"""`arbor bench decode|serving|agent|owner|pool|numerics|kernels|context|failover|quality`: the parsers.
+
+Torch-free, so `arbor` builds its parser without torch."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def add_bench_parser(subparsers) -> None:
     _add_kernels_parser(commands)
     _add_failover_parser(commands)
     _add_quality_parser(commands)
+    _add_context_parser(commands)
 
 
 def _add_failover_parser(commands) -> None:
@@ -32,6 +34,12 @@ def _add_failover_parser(commands) -> None:
     parser = commands.add_parser("failover", help="the stack on a Redis Sentinel set through N failovers")
     failover.add_arguments(parser)
     parser.set_defaults(handler=failover.run_from_args)
+
+
+def _add_context_parser(commands) -> None:
+    from ops.bench.context import add_context_parser
+
+    add_context_parser(commands)
 
 
 def _add_decode_parser(commands) -> None:

@@ -56,8 +56,9 @@ def hybrid_shape_summary() -> str:
     )
 
 
-def write_random_hybrid(folder: Path, family: str, seed: int = 0) -> Path:
-    """config.json, model.safetensors and tokenizer.json of a random hybrid in `folder`."""
+def write_random_hybrid(folder: Path, family: str, seed: int = 0, **overrides: object) -> Path:
+    """config.json, model.safetensors and tokenizer.json of a random hybrid in `folder`
+    (`overrides`: config fields, e.g. max_position_embeddings)."""
     import torch
     import transformers
 
@@ -67,7 +68,7 @@ def write_random_hybrid(folder: Path, family: str, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
-    config = {**HYBRID_SHAPE, **FAMILIES[family], "vocab_size": tokenizer.get_vocab_size()}
+    config = {**HYBRID_SHAPE, **FAMILIES[family], "vocab_size": tokenizer.get_vocab_size(), **overrides}
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(**config), dtype=torch.float32

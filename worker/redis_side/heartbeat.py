@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.heartbeat import Heartbeat
 from worker.engine.stats import SourceCounts
+from worker.models.capacity import Capacity
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class WorkerCounters:
     draft_length: int = 0  # adaptive speculation's choice for the last decode step
     lanes_speculating: int = 0  # lanes of the last decode step that drafted
     by_source: dict[str, SourceCounts] = field(default_factory=dict)  # drafts per draft source (DraftTree.source)
+    capacity: Capacity | None = None  # what fits in the cache (the capacity gate), set once at start-up
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,9 +83,25 @@ def heartbeat(
         prefix_cache_queries=counters.prefix_cache_queries,
         waiting_by_class=dict(waiting_by_class or {}),
         preemptions_by_class=dict(preemptions_by_class or {}),
+        **capacity_fields(counters.capacity),
         started_at=identity.started_at,
         beat_at=time.time(),
     )
+
+
+def capacity_fields(capacity: Capacity | None) -> dict[str, int]:
+    """The capacity gate's figures as heartbeat fields (zeros until the model is loaded)."""
+    if capacity is None:
+        return {}
+    return {
+        "kv_cache_bytes": capacity.cache_bytes,
+        "kv_tokens": capacity.kv_tokens,
+        "kv_bytes_per_token": capacity.kv_bytes_per_token,
+        "state_bytes_per_lane": capacity.state_bytes_per_lane,
+        "state_lanes": capacity.state_lanes,
+        "weight_bytes": capacity.weight_bytes,
+        "max_context_lanes": capacity.contexts,
+    }
 
 
 async def beat(redis: Redis, beat_fields: Heartbeat, ttl_s: float) -> None:

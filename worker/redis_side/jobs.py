@@ -105,7 +105,8 @@ def build_spec(
         if job.kind != "count":  # a prompt is counted whatever its length
             runner.check_fits(len(prompt_ids), params.max_tokens)
     except ContextLengthError as error:
-        raise JobRejected(str(error), ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
+        limit = f" ({served.context_limit})" if served.context_limit else ""
+        raise JobRejected(f"{error}{limit}", ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
     _check_in_vocabulary("logit_bias", params.logit_bias, served)
     output = output_options(request, served, prompt_ids, params)
     if params.structured is not None:

@@ -72,6 +72,7 @@ class WorkerCollector:
         yield _gauge("arbor_worker_lanes_total", "Lanes", labels, values, self.identity.lanes_total)
         yield _gauge("arbor_worker_kv_blocks_used", "KV pool blocks held", labels, values, c.kv_blocks_used)
         yield _gauge("arbor_worker_kv_blocks_total", "KV pool blocks", labels, values, c.kv_blocks_total)
+        yield from _capacity_gauges(c, labels, values)
         yield _gauge(
             "arbor_worker_spec_draft_length",
             "Draft tokens per lane adaptive speculation chose for the last decode step",
@@ -111,6 +112,27 @@ def _by_source(labels: list[str], values: list[str], counters: WorkerCounters) -
         for source, counts in sources:
             family.add_metric([*values, source], getattr(counts, field))
         yield family
+
+
+CAPACITY_GAUGES = (
+    ("arbor_worker_kv_cache_bytes", "Bytes of the cache lanes' K/V and recurrent states share", "cache_bytes"),
+    ("arbor_worker_kv_capacity_tokens", "Tokens of K/V the cache holds", "kv_tokens"),
+    ("arbor_worker_kv_bytes_per_token", "K/V bytes a token takes (attention layers only)", "kv_bytes_per_token"),
+    ("arbor_worker_state_bytes_per_lane", "Recurrent-state bytes a hybrid lane takes", "state_bytes_per_lane"),
+    ("arbor_worker_state_capacity_lanes", "Lanes' recurrent states the cache holds", "state_lanes"),
+    ("arbor_worker_weight_bytes", "Bytes of the model's weights, as held", "weight_bytes"),
+    ("arbor_worker_max_context_tokens", "Tokens one lane may hold (prompt + output)", "context"),
+    ("arbor_worker_max_context_lanes", "Lanes of the max context that fit together", "contexts"),
+)
+
+
+def _capacity_gauges(counters: WorkerCounters, labels: list[str], values: list[str]) -> Iterator[Metric]:
+    """The capacity gate's figures, once the model is loaded."""
+    capacity = counters.capacity
+    if capacity is None:
+        return
+    for name, doc, field in CAPACITY_GAUGES:
+        yield _gauge(name, doc, labels, values, getattr(capacity, field))
 
 
 def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> GaugeMetricFamily:

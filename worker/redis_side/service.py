@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 import redis.asyncio
@@ -49,6 +49,7 @@ from worker.redis_side.job_streams import JobStreams
 from worker.redis_side.jobs import JobSpec
 from worker.redis_side.publisher import Publisher
 from worker.redis_side.redis_io import JobRef, RedisIO
+from worker.serving.capacity_gate import log_capacity, start_capacity
 from worker.serving.model_stepper import ModelStepper
 from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.serving.prefix_cache import PrefixCache
@@ -78,8 +79,9 @@ class ServiceConfig:
     speculation: str
     redis_url: str
     max_lanes: int = 8
-    max_context: int = 4096
-    kv_cache_bytes: int | None = None  # the KV pool; None: room for every lane at full context, at most 2 GiB
+    max_context: int | None = None  # tokens a lane holds; None: the model's own maximum, as far as memory allows
+    # the KV pool; None: room for every lane at full context, at most 2 GiB and 90% of the free memory
+    kv_cache_bytes: int | None = None
     max_batch_tokens: int = 256  # rows of one step
     adaptive_speculation: bool = True  # draft lengths from step costs measured at start-up
     prefill_cache_bytes: int = 256 * 1024 * 1024
@@ -148,7 +150,7 @@ class WorkerService:
             config.model_name,
             config.speculation,
             config.max_lanes,
-            config.max_context,
+            config.max_context or 0,  # 0 (unknown) until the model is loaded
             time.time(),
             config.model_aliases,
         )
@@ -293,9 +295,7 @@ class WorkerService:
         config = self.config
         cache = PrefixCache(config.prefill_cache_bytes) if config.prefill_cache_bytes > 0 else None
         runner = served.runner
-        kv_cache_bytes = config.kv_cache_bytes or min(
-            config.max_lanes * ModelStepper(runner).kv_bytes(config.max_context, 0), DEFAULT_MAX_KV_CACHE_BYTES
-        )
+        kv_cache_bytes = self._fit_capacity(served)
         stepper = ModelStepper(runner, cache, self.counters, new_pool(runner.decoder, kv_cache_bytes))
         if config.adaptive_speculation:
             stepper.step_costs = stepper.measure_step_costs()
@@ -305,6 +305,25 @@ class WorkerService:
             config.worker_id, config.speculation, config.max_lanes, kv_cache_bytes, config.max_batch_tokens
         )
         return Owner(stepper, served.tokenizer, owner_config, self.capacity, publisher)
+
+    def _fit_capacity(self, served: ServingModel) -> int:
+        """The capacity gate (worker/serving/capacity_gate.py): sizes the cache, fits the runner's
+        context to it, logs and publishes what fits; returns the cache's bytes."""
+        config, runner = self.config, served.runner
+        full_lanes = config.max_lanes * ModelStepper(runner).kv_bytes(runner.max_context, 0)
+        formats = served.loaded.formats
+        start = start_capacity(
+            runner,
+            formats.body if formats is not None else None,
+            config.kv_cache_bytes,
+            min(full_lanes, DEFAULT_MAX_KV_CACHE_BYTES),
+        )
+        runner.max_context = start.max_context
+        served.context_limit = start.limit_note
+        self.counters.capacity = start.capacity
+        self.identity = replace(self.identity, max_context=start.max_context)
+        log_capacity(start)
+        return start.kv_cache_bytes
 
     # -- loops (one iteration each; `_forever` repeats them and rides out Redis outages) ----------
 
