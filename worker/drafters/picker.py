@@ -4,12 +4,17 @@ Two sources stand behind it: a model drafter (the MTP head, where the model has 
 decoding (worker.drafters.suffix: the lane's own prompt and output, and recent outputs of all
 requests). Before each step, per lane:
 
-    suffix: its proposal's expected tokens, from the suffix trees' frequencies (1 + score);
-    model:  1 + p1 + p1 p2 + ... over the draft's depths, with p_d the lane's recent conditional
-            acceptance of the model's drafts at depth d (worker.speculation.acceptance);
+    suffix: the expected tokens of its tree's first k nodes, from the suffix trees' frequencies
+            (each node's path probability), scaled by how well they have predicted this lane;
+    model:  1 + p1 + p1 p2 + ... + p1...pk, with p_d the lane's recent conditional acceptance of
+            the model's drafts at depth d (worker.speculation.acceptance);
 
-the larger wins, the suffix on a tie: it costs microseconds of CPU where the head costs a
-forward per draft token (and the head is not asked at all then). Agentic text, where a tool
+each source's draft is cut to the k that gives the most tokens for its cost, E(k) / (1 + r k),
+with r what a draft node costs now as a share of a plain step (`row_price`, set by adaptive
+speculation from the measured step costs: on a GPU rows are nearly free and r is small, on a
+CPU each row is real compute), and the source whose cut draft is worth more wins, the suffix
+on a tie: it costs microseconds of CPU where the head costs a forward per draft token (and the
+head is not asked at all then). Agentic text, where a tool
 result is quoted or an answer repeats the structure of the last one, goes to the suffix; free
 prose, where nothing matches, to the head. A grammar's forced tokens come first, in every mode
 (worker.engine.runner), and adaptive speculation then limits the chosen draft to what pays at
@@ -28,10 +33,12 @@ from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
 from worker.drafters.suffix import SuffixDrafter, SuffixState
 from worker.engine.sequence import Sequence
 from worker.speculation.acceptance import DepthAcceptance, expected_tokens
-from worker.speculation.tree import DraftTree
+from worker.speculation.tree import ROOT, DraftTree
 
 MODEL_PRIOR = 0.5  # the model's acceptance at a depth before the lane has seen its drafts there
 SUFFIX = "suffix"
+CALIBRATION_DECAY = 0.8  # the suffix trees' accuracy on a lane: its last few drafts weigh most
+CALIBRATION_RANGE = (0.2, 1.5)
 
 
 @dataclass(slots=True)
@@ -40,6 +47,9 @@ class PickerState:
     model: Any = None  # the model drafter's own state
     model_acceptance: DepthAcceptance = field(default_factory=DepthAcceptance)
     model_draft: list[int] = field(default_factory=list)  # the model's last chain, until observed
+    suffix_draft: DraftTree | None = None  # the suffix's last tree, until observed
+    suffix_expected: float = 0.0  # the draft tokens its frequencies promised for it
+    suffix_calibration: float = 1.0  # accepted ÷ promised, decayed: frequencies overrate short matches
 
 
 class SourcePicker:
@@ -47,6 +57,7 @@ class SourcePicker:
 
     def __init__(self, model: Drafter | None, suffix: SuffixDrafter):
         self.model, self.suffix = model, suffix
+        self.row_price = 0.0  # a draft node's cost as a share of a plain step (module docstring)
         self.hidden_layers: tuple[int, ...] = model.hidden_layers if model is not None else ()
         self.wants_final_hidden = bool(model is not None and model.wants_final_hidden)
         model_budget = 0 if model is None else getattr(model, "tree_budget", None) or getattr(model, "num_draft", 0)
@@ -77,20 +88,60 @@ class SourcePicker:
 
     def propose_many(self, items: list[tuple[PickerState, Sequence]]) -> list[DraftTree | None]:
         trees: list[DraftTree | None] = [None] * len(items)
-        to_model: list[int] = []
+        to_model: list[tuple[int, int]] = []  # (item, chain length)
         for index, (state, sequence) in enumerate(items):
-            proposal = self.suffix.proposal(state.suffix, sequence)
-            suffix_expected = 1.0 if proposal is None else proposal.expected_tokens
-            if self.model is not None and self._model_expected(state, sequence) > suffix_expected:
-                to_model.append(index)
-            else:
-                trees[index] = None if proposal is None else _named(proposal.tree, SUFFIX)
-                state.model_draft = []
+            state.model_draft, state.suffix_draft = [], None
+            limit = self._limit(sequence)
+            suffix_nodes, suffix_worth = self._suffix_cut(state, sequence, limit)
+            model_nodes, model_worth = self._model_cut(state, limit)
+            if model_nodes and model_worth > suffix_worth:
+                to_model.append((index, model_nodes))
+            elif suffix_nodes and state.suffix_draft is not None:
+                trees[index] = _named(state.suffix_draft, SUFFIX)
+        chosen = [items[i] for i, _ in to_model]  # drafted in full, then cut to its length
         model_name = self.model.name if self.model is not None else ""
-        for index, tree in zip(to_model, self._model_propose([items[i] for i in to_model]), strict=True):
+        for (index, nodes), tree in zip(to_model, self._model_propose(chosen), strict=True):
+            tree = None if tree is None else tree.truncated(nodes)
             trees[index] = None if tree is None else _named(tree, model_name)
             items[index][0].model_draft = list(tree.tokens) if tree is not None and tree.is_chain else []
         return trees
+
+    def _limit(self, sequence: Sequence) -> int:
+        limit = self.tree_budget
+        return limit if sequence.draft_limit is None else min(limit, sequence.draft_limit)
+
+    def _worth(self, expected: float, num_nodes: int) -> float:
+        return expected / (1.0 + self.row_price * num_nodes)
+
+    def _suffix_cut(self, state: PickerState, sequence: Sequence, limit: int) -> tuple[int, float]:
+        """The suffix tree's best cut (nodes, worth); its tree kept in the state, cut, for propose_many."""
+        proposal = self.suffix.proposal(state.suffix, sequence)
+        if proposal is None or limit == 0:
+            return 0, 1.0
+        scale = state.suffix_calibration
+        best, best_worth = 0, 1.0
+        for nodes in range(1, min(limit, proposal.tree.num_nodes) + 1):
+            worth = self._worth(1.0 + scale * (proposal.expected_tokens_within(nodes) - 1.0), nodes)
+            if worth > best_worth:
+                best, best_worth = nodes, worth
+        if best:
+            state.suffix_draft = proposal.tree.truncated(best)
+            state.suffix_expected = proposal.expected_tokens_within(best) - 1.0
+        return best, best_worth
+
+    def _model_cut(self, state: PickerState, limit: int) -> tuple[int, float]:
+        """The head's best chain length (nodes, worth) from the lane's acceptance per depth."""
+        model = self.model
+        if model is None or limit == 0:
+            return 0, 1.0
+        depth = min(limit, int(getattr(model, "num_draft", 0) or getattr(model, "tree_budget", 0) or 0))
+        rates = state.model_acceptance.rates(depth, [MODEL_PRIOR] * depth)
+        best, best_worth = 0, 1.0
+        for nodes in range(1, depth + 1):
+            worth = self._worth(expected_tokens(rates, nodes), nodes)
+            if worth > best_worth:
+                best, best_worth = nodes, worth
+        return best, best_worth
 
     def finish(self, state: PickerState, sequence: Sequence) -> None:
         self.suffix.finish(state.suffix, sequence)
@@ -120,14 +171,6 @@ class SourcePicker:
             model_state = model.import_prefix(sequence, snapshot.model)
         return PickerState(self.suffix.import_prefix(sequence, snapshot.suffix), model_state)
 
-    def _model_expected(self, state: PickerState, sequence: Sequence) -> float:
-        model = self.model
-        depth = int(getattr(model, "num_draft", 0) or getattr(model, "tree_budget", 0) or 0)
-        if sequence.draft_limit is not None:
-            depth = min(depth, sequence.draft_limit)
-        rates = state.model_acceptance.rates(depth, [MODEL_PRIOR] * depth)
-        return expected_tokens(rates, depth)
-
     def _model_propose(self, items: list[tuple[PickerState, Sequence]]) -> list[DraftTree | None]:
         model = self.model
         if model is None or not items:
@@ -138,18 +181,34 @@ class SourcePicker:
         return [model.propose(state, sequence) for state, sequence in pairs]
 
     def _learn(self, state: PickerState, committed: TargetStates) -> None:
-        """How far the model's last chain got: the committed tokens after the root are its
-        accepted prefix (a decode step commits root + accepted drafts)."""
-        draft = state.model_draft
-        if not draft:
-            return
-        state.model_draft = []
-        accepted = 0
-        for drafted, committed_token in zip(draft, committed.token_ids[1:], strict=False):
-            if drafted != committed_token:
-                break
-            accepted += 1
-        state.model_acceptance.record(accepted, offered_next=accepted < len(draft))
+        """How far the last draft got: the committed tokens after the root are its accepted path
+        (a decode step commits root + accepted drafts). The head's acceptance per depth, or how
+        the suffix trees' promise compared with what they got."""
+        accepted_path = committed.token_ids[1:]
+        draft, state.model_draft = state.model_draft, []
+        if draft:
+            accepted = 0
+            for drafted, committed_token in zip(draft, accepted_path, strict=False):
+                if drafted != committed_token:
+                    break
+                accepted += 1
+            state.model_acceptance.record(accepted, offered_next=accepted < len(draft))
+        tree, state.suffix_draft = state.suffix_draft, None
+        if tree is not None and state.suffix_expected > 0:
+            ratio = _accepted_along(tree, accepted_path) / state.suffix_expected
+            low, high = CALIBRATION_RANGE
+            blended = CALIBRATION_DECAY * state.suffix_calibration + (1 - CALIBRATION_DECAY) * ratio
+            state.suffix_calibration = min(max(blended, low), high)
+
+
+def _accepted_along(tree: DraftTree, path: list[int]) -> int:
+    node = ROOT
+    for accepted, token in enumerate(path):
+        child = tree.child_with_token(node, token)
+        if child is None:
+            return accepted
+        node = child
+    return len(path)
 
 
 def _named(tree: DraftTree, source: str) -> DraftTree:

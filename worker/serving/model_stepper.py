@@ -257,6 +257,9 @@ class ModelStepper:
         outlooks = [LaneOutlook(state.acceptance.rates(max_depth, priors), state.tree_depths) for state in decoding]
         explored = costs.explore()
         draft_length = choose_draft_length(costs, outlooks) if explored is None else explored
+        drafter = self.runner.drafter
+        if drafter is not None and hasattr(drafter, "row_price"):  # it sizes each lane's draft by a row's cost now
+            drafter.row_price = costs.row_price(len(decoding))
         for state in decoding:
             state.sequence.draft_limit = draft_length
         counters.draft_length = draft_length

@@ -91,6 +91,16 @@ class OnlineStepCosts:
     def cost(self, num_lanes: int, draft_length: int) -> float:
         return self.prior.cost(num_lanes, draft_length) * self.ratio(draft_length)
 
+    def row_price(self, num_lanes: int) -> float:
+        """What one more draft node costs a lane, as a share of its part of a plain step: the
+        longest measured draft's extra cost spread over its nodes. A lane's draft of k nodes is
+        worth drafting where its expected tokens beat 1 + row_price * k (worker.drafters.picker)."""
+        longest = max(self.draft_lengths)
+        plain = self.cost(num_lanes, 0)
+        if longest == 0 or plain <= 0:
+            return 0.0
+        return max(self.cost(num_lanes, longest) - plain, 0.0) / (longest * plain)
+
     def explore(self) -> int | None:
         """A draft length whose cost is stale (not run for `explore_after` decode steps), oldest first."""
         stale = [k for k, last in self._last_run.items() if self._steps - last >= self.explore_after]

@@ -79,8 +79,26 @@ def test_the_heads_acceptance_is_learnt_from_what_was_committed():
     assert attempts and attempts[0] > 0, "every head draft was scored at depth 1"
     rate = state.model_acceptance.rate(1, 0.5)
     assert 0.0 <= rate <= 1.0
-    # a head that was never right gets no more of the lane's steps once a suffix promises a token
+    assert head.drafts > 0
+    # a head that was never right is not worth a draft node
     for _ in range(30):
         state.model_acceptance.record(0, offered_next=True)
-    assert picker._model_expected(state, sequence) < 1.1
-    assert head.drafts > 0
+    picker.row_price = 0.1
+    assert picker._model_cut(state, 3) == (0, 1.0)
+
+
+def test_a_dearer_row_cuts_the_draft_shorter():
+    auto = runner("auto")
+    picker = auto.drafter
+    assert isinstance(picker, SourcePicker)
+    run(auto, "teach", PROMPT)
+    sequence = auto.start("again", PROMPT, GREEDY)
+    while sequence.num_to_prefill > 0:
+        auto.prefill(sequence, 16)
+    auto.decode_step(sequence)  # its output starts as the first one's did: the worker's tree matches it
+    cuts = []
+    for price in (0.0, 0.3, 3.0):
+        picker.row_price = price
+        cuts.append(picker._suffix_cut(sequence.drafter_state, sequence, 8)[0])
+    assert cuts[0] >= cuts[1] >= cuts[2] and cuts[0] > 0 and cuts[2] == 0, cuts
+

@@ -159,3 +159,9 @@ def test_a_stale_length_is_run_once_every_explore_after_steps():
         online.record(1, 1 + k, 0.010)
     assert [k for _, k in explored][:2] == [1, 3]
     assert len(explored) <= 40 // 10 * 2 and all(k != 0 for _, k in explored)
+
+
+def test_a_rows_price_is_the_longest_drafts_extra_cost_per_node():
+    online = OnlineStepCosts(costs(n1={0: 0.010, 1: 0.011, 8: 0.018}, n16={0: 0.040, 1: 0.060, 8: 0.200}))
+    assert online.row_price(1) == pytest.approx(0.1)  # (18 - 10) / (8 * 10)
+    assert online.row_price(16) == pytest.approx(0.5)  # (200 - 40) / (8 * 40)
