@@ -101,4 +101,3 @@ def test_a_dearer_row_cuts_the_draft_shorter():
         picker.row_price = price
         cuts.append(picker._suffix_cut(sequence.drafter_state, sequence, 8)[0])
     assert cuts[0] >= cuts[1] >= cuts[2] and cuts[0] > 0 and cuts[2] == 0, cuts
-
