@@ -1,0 +1,84 @@
+"""The acceptance-length gate: each speculation mode's acceptance on a fixed prompt set, against
+the figure recorded for it (a regression check, as vLLM's acceptance-length test).
+
+Greedy float32 decoding of the held-out chat prompts (ops/training/prompts.py, never trained on)
+with the default model and its bundled drafters, in process: the drafts, and so the acceptance,
+depend only on the weights and the arithmetic, not on the machine's load. Acceptance length is
+vLLM's: 1 + accepted ÷ drafts (drafts: forwards that verified a non-empty draft). A drafter
+that breaks (a head loaded wrong, a draft vocabulary off by one, a tree policy that stops
+branching) moves it by far more than float noise between CPUs; the tolerance is the latter.
+
+    python -m ops.eval.acceptance            # measure and compare with the record
+    python -m ops.eval.acceptance --record   # measure and write the record (after a deliberate change)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ops.training.prompts import HELD_OUT
+
+RECORD = Path(__file__).with_name("acceptance_lengths.json")
+MODES = ("mtp", "dflash", "tree", "ngram", "suffix", "auto")
+NUM_PROMPTS = 6
+MAX_TOKENS = 64
+TOLERANCE = 0.05  # relative: float32 on another CPU may flip a near-tie, never shift a drafter this much
+
+
+def measure(modes: tuple[str, ...] = MODES, num_prompts: int = NUM_PROMPTS, max_tokens: int = MAX_TOKENS) -> dict:
+    """{mode: {"acceptance_length", "tokens_per_forward"}} on the first `num_prompts` held-out prompts."""
+    from shared.sampling import SamplingParams
+    from worker.engine.generate import generate
+    from worker.engine.stats import SpecStats
+    from worker.serving_model import load_serving_model
+
+    figures = {}
+    for mode in modes:
+        served = load_serving_model(None, mode, num_threads=1)  # float32: the exact path
+        total = SpecStats()
+        for prompt in HELD_OUT[:num_prompts]:
+            ids = served.encode_chat([{"role": "user", "content": prompt}])
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            total.merge(generate(served.runner, served.tokenizer, ids, params).stats)
+        figures[mode] = {
+            "acceptance_length": round(total.acceptance_length, 4),
+            "tokens_per_forward": round(total.tokens_per_forward, 4),
+        }
+    return figures
+
+
+def compare(measured: dict, recorded: dict, tolerance: float = TOLERANCE) -> list[str]:
+    """One line per mode whose acceptance length left the recorded figure's tolerance."""
+    problems = []
+    for mode, figures in measured.items():
+        expected = recorded.get(mode, {}).get("acceptance_length")
+        if expected is None:
+            problems.append(f"{mode}: no recorded acceptance length (run with --record)")
+            continue
+        got = figures["acceptance_length"]
+        if abs(got - expected) > tolerance * expected:
+            problems.append(f"{mode}: acceptance length {got:.3f}, recorded {expected:.3f} (±{tolerance:.0%})")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help="write the measured figures as the record")
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    measured = measure(tuple(args.modes.split(",")))
+    print(json.dumps(measured, indent=2))
+    if args.record:
+        RECORD.write_text(json.dumps(measured, indent=2, sort_keys=True) + "\n")
+        return 0
+    problems = compare(measured, json.loads(RECORD.read_text()))
+    for line in problems:
+        print(f"arbor: error: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
