@@ -34,7 +34,8 @@ def enqueue(url: str, number: int, min_replicas: int) -> str:
     async def main() -> str:
         client = async_client(url, 2.0, max_connections=4)
         try:
-            return await jobs.enqueue(client, job(number), 100, min_replicas, wait_ms=300)
+            queued = await jobs.enqueue(client, job(number), 100, min_replicas=min_replicas, wait_ms=300)
+            return queued.entry_id
         finally:
             await client.aclose()
 

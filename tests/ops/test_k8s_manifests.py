@@ -159,7 +159,7 @@ def test_the_keda_query_counts_waiting_and_running_jobs_in_every_state_of_the_qu
         assert (client.xlen(stream), desired_workers(client)) == (0, 1), "idle: no stream yet, still a number"
         enqueue(server.url, 20)
         assert (client.xlen(stream), desired_workers(client)) == (20, 3), "waiting: 20 jobs, 8 lanes a worker"
-        client.xgroup_create(stream, keys.CONSUMER_GROUP, id="0")
+        # the gateway's enqueue made the workers' consumer group with the stream
         [[_, taken]] = client.xreadgroup(keys.CONSUMER_GROUP, "w1", {stream: ">"}, count=8)
         assert (client.xlen(stream), desired_workers(client)) == (20, 3), "running: 8 in flight + 12 waiting"
         [[_, rest]] = client.xreadgroup(keys.CONSUMER_GROUP, "w1", {stream: ">"}, count=100)
