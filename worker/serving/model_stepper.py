@@ -255,8 +255,9 @@ class ModelStepper:
         # figure it would never revise (a lane that does not draft measures nothing).
         priors = [max(rate, DEFAULT_ACCEPTANCE) for rate in worker_priors(self.worker_acceptance, max_depth)]
         outlooks = [LaneOutlook(state.acceptance.rates(max_depth, priors), state.tree_depths) for state in decoding]
-        explored = costs.explore()
-        draft_length = choose_draft_length(costs, outlooks) if explored is None else explored
+        draft_length = choose_draft_length(costs, outlooks)
+        explored = costs.explore(draft_length)
+        draft_length = draft_length if explored is None else explored
         drafter = self.runner.drafter
         if drafter is not None and hasattr(drafter, "row_price"):  # it sizes each lane's draft by a row's cost now
             drafter.row_price = costs.row_price(len(decoding))

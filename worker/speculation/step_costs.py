@@ -101,9 +101,15 @@ class OnlineStepCosts:
             return 0.0
         return max(self.cost(num_lanes, longest) - plain, 0.0) / (longest * plain)
 
-    def explore(self) -> int | None:
-        """A draft length whose cost is stale (not run for `explore_after` decode steps), oldest first."""
-        stale = [k for k, last in self._last_run.items() if self._steps - last >= self.explore_after]
+    def explore(self, current: int) -> int | None:
+        """A draft length next to `current` (the rule's present choice) whose cost is stale (not run
+        for `explore_after` decode steps), oldest first. Only the neighbours: they are where the
+        choice would move next, and a long draft tried while plain decoding wins costs several
+        steps' worth (eight rows cost ~3 plain steps on a CPU)."""
+        lengths = self.draft_lengths
+        at = lengths.index(current) if current in lengths else 0
+        neighbours = lengths[max(at - 1, 0) : at + 2]
+        stale = [k for k in neighbours if k != current and self._steps - self._last_run[k] >= self.explore_after]
         if not stale:
             return None
         chosen = min(stale, key=lambda k: (self._last_run[k], k))
