@@ -151,7 +151,7 @@ def test_a_length_not_run_takes_the_machines_present_load():
 def test_a_stale_neighbouring_length_is_run_once_every_explore_after_steps():
     online = OnlineStepCosts(costs(n1={0: 0.010, 1: 0.011, 4: 0.012, 8: 0.016}), explore_after=10)
     explored = []
-    for step in range(40):
+    for _ in range(40):
         choice = online.explore(current=0)
         k = 0 if choice is None else choice
         if choice is not None:
