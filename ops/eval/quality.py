@@ -30,10 +30,12 @@ DEFAULT_CONFIGS = (
     "int8=none:auto:int8",
     "int4=none:auto:int4",
     "default=none:auto:auto",
+    "auto=auto:auto:auto",
     "mtp=mtp:auto:auto",
     "dflash=dflash:auto:auto",
     "tree=tree:auto:auto",
     "ngram=ngram:auto:auto",
+    "suffix=suffix:auto:auto",
 )
 
 
