@@ -19,17 +19,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
-from shared.redis_connect import sync_client
+from ops.bench.failover import GapProbe  # the benchmark's probe: one definition of the write gap
 from tests.e2e.chat_stream import BackgroundStream
 from tests.e2e.live_stack import READY_LINE, STOP_TIMEOUT_S, free_loopback_port, spawn
 from tests.support.sentinel_set import Node, SentinelSet
@@ -41,39 +38,6 @@ NUM_STREAMS = 16
 MAX_TOKENS = 400  # long enough to still be streaming through a failover on 2 shared cores
 START_TIMEOUT_S = 240.0
 END_S = 240.0
-
-
-class GapProbe(threading.Thread):
-    """Confirmed writes every 20 ms through the Sentinel URL; the longest run of failures."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self._client = sync_client(url, 1.0)
-        self._stopping = threading.Event()
-        self.longest_gap_s = 0.0
-
-    def run(self) -> None:
-        failing_since: float | None = None
-        while not self._stopping.is_set():
-            try:
-                with self._client.pipeline(transaction=False) as pipe:
-                    pipe.rpush("probe", 1).ltrim("probe", -10, -1).wait(1, 500)
-                    confirmed = pipe.execute()[-1] >= 1
-            except (redis.ConnectionError, redis.TimeoutError):
-                confirmed = False
-            now = time.monotonic()
-            if not confirmed:
-                failing_since = failing_since or now
-            elif failing_since is not None:
-                self.longest_gap_s = max(self.longest_gap_s, now - failing_since)
-                failing_since = None
-            time.sleep(0.02)
-
-    def stop(self) -> float:
-        self._stopping.set()
-        self.join(10)
-        self._client.close()
-        return self.longest_gap_s
 
 
 @pytest.fixture(scope="module")
