@@ -96,6 +96,7 @@ class SourcePicker:
             model_nodes, model_worth = self._model_cut(state, limit)
             if model_nodes and model_worth > suffix_worth:
                 to_model.append((index, model_nodes))
+                state.suffix_draft = None  # not drafted: nothing to learn of it
             elif suffix_nodes and state.suffix_draft is not None:
                 trees[index] = _named(state.suffix_draft, SUFFIX)
         chosen = [items[i] for i, _ in to_model]  # drafted in full, then cut to its length
