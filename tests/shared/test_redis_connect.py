@@ -83,6 +83,7 @@ def test_a_sync_client_follows_the_master_through_two_sigkill_failovers_and_lose
     gaps = []
     value = 0
     for _ in range(2):
+        cluster.wait_for_replicas(2)  # both replicas in sync (the one restarted last round too) before a kill
         for _ in range(20):
             _write_until_it_lands(client, "log", value)
             value += 1
