@@ -26,6 +26,7 @@ its turn comes (deferred while adaptive speculation drafts nothing, as on its ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,11 +121,10 @@ class SourcePicker:
         if proposal is None or limit == 0:
             return 0, 1.0
         scale = state.suffix_calibration
-        best, best_worth = 0, 1.0
-        for nodes in range(1, min(limit, proposal.tree.num_nodes) + 1):
-            worth = self._worth(1.0 + scale * (proposal.expected_tokens_within(nodes) - 1.0), nodes)
-            if worth > best_worth:
-                best, best_worth = nodes, worth
+        best, best_worth = self._best_cut(
+            lambda nodes: 1.0 + scale * (proposal.expected_tokens_within(nodes) - 1.0),
+            min(limit, proposal.tree.num_nodes),
+        )
         if best:
             state.suffix_draft = proposal.tree.truncated(best)
             state.suffix_expected = proposal.expected_tokens_within(best) - 1.0
@@ -137,9 +137,13 @@ class SourcePicker:
             return 0, 1.0
         depth = min(limit, int(getattr(model, "num_draft", 0) or getattr(model, "tree_budget", 0) or 0))
         rates = state.model_acceptance.rates(depth, [MODEL_PRIOR] * depth)
+        return self._best_cut(lambda nodes: expected_tokens(rates, nodes), depth)
+
+    def _best_cut(self, expected: Callable[[int], float], max_nodes: int) -> tuple[int, float]:
+        """The draft length in 1..max_nodes worth most (0 and worth 1: plain decoding wins)."""
         best, best_worth = 0, 1.0
-        for nodes in range(1, depth + 1):
-            worth = self._worth(expected_tokens(rates, nodes), nodes)
+        for nodes in range(1, max_nodes + 1):
+            worth = self._worth(expected(nodes), nodes)
             if worth > best_worth:
                 best, best_worth = nodes, worth
         return best, best_worth
