@@ -33,6 +33,7 @@ from worker.engine.sequence import Sequence
 from worker.engine.verifier import accept, takes_argmax, tree_inputs
 from worker.models.decoder import Decoder, ForwardOutput, LaneRows
 from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
+from worker.models.hybrid.hybrid_pool import HybridBlocks, PagedHybridCache
 from worker.models.kv_pool import KVPool, PagedKVCache
 from worker.speculation.tree import ROOT, DraftTree
 
@@ -40,8 +41,8 @@ EMPTY_TREE = DraftTree([], [], [])
 MAX_FORCED_DRAFT = 8  # tokens a grammar forces that one step verifies (rows the scheduler reserves for them)
 GRAMMAR_SOURCE = "grammar"  # LaneWork.source of a draft the grammar forced
 # A cached prefix's target half: its K/V (copied), the pool blocks holding them (shared), or
-# for a hybrid model its K/V with the recurrent states at its block boundaries.
-PrefixKV = tuple[torch.Tensor, torch.Tensor] | list[int] | HybridPrefix
+# for a hybrid model those with the recurrent states at its block boundaries.
+PrefixKV = tuple[torch.Tensor, torch.Tensor] | list[int] | HybridPrefix | HybridBlocks
 log = logging.getLogger(__name__)
 
 
@@ -127,8 +128,8 @@ class ModelRunner:
         num_prompt_logprobs: int | None = None,
     ) -> Sequence:
         """A new sequence; `resumed_ids` are tokens already emitted for it (by a worker that died).
-        Its K/V live in blocks of `pool` (serving) or else in a buffer of its own (generate, tests,
-        and hybrid models, whose recurrent state is not K/V). `num_prompt_logprobs`: its prefill
+        Its K/V live in blocks of `pool` (serving; a hybrid's recurrent state in a slot of the
+        pool's) or else in a buffer of its own (generate, tests). `num_prompt_logprobs`: its prefill
         records the prompt's logprobs with that many top tokens (`sequence.prompt_logprobs`)."""
         self.check_fits(len(prompt_ids), params.max_tokens)
         capacity = len(prompt_ids) + params.max_tokens + self.max_draft_nodes + 1
@@ -357,13 +358,16 @@ class ModelRunner:
         """Continue a fresh sequence from a cached prefix of n tokens and the drafter's snapshot of
         the same n tokens. The target's half is its K/V ([layers, kv_heads, n, head_dim] each,
         copied in) or, for a lane in the KV pool, the ids of the pool blocks that hold them
-        (shared: the lane becomes one more holder of each), or for a hybrid model its K/V and
-        recurrent states (HybridPrefix)."""
+        (shared: the lane becomes one more holder of each), or for a hybrid model its K/V (or
+        blocks) and recurrent states (HybridPrefix, HybridBlocks)."""
         cache = sequence.cache
         assert cache.length == 0, cache.length
         if isinstance(target, list):
             assert isinstance(cache, PagedKVCache), type(cache)
             cache.share_prefix(target)
+        elif isinstance(target, HybridBlocks):
+            assert isinstance(cache, PagedHybridCache), type(cache)
+            cache.share_hybrid_prefix(target)
         elif isinstance(target, HybridPrefix):
             assert isinstance(cache, HybridCache), type(cache)
             cache.load_prefix(target)
@@ -378,11 +382,13 @@ class ModelRunner:
     def export_prefix(self, sequence: Sequence, num_tokens: int) -> tuple[PrefixKV, Any]:
         """The target's half of the first `num_tokens` committed tokens and the drafter's snapshot.
         For a lane in the KV pool the target's half is the blocks holding them (whole blocks; the
-        caller `share`s them), else copies of their K/V (for a hybrid model with its recurrent
-        states: HybridPrefix)."""
+        caller `share`s them; a hybrid's come with copies of its recurrent states: HybridBlocks),
+        else copies of their K/V (for a hybrid model with its recurrent states: HybridPrefix)."""
         cache = sequence.cache
         target: PrefixKV
-        if isinstance(cache, PagedKVCache):
+        if isinstance(cache, PagedHybridCache):
+            target = cache.prefix(num_tokens)
+        elif isinstance(cache, PagedKVCache):
             target = cache.prefix_blocks(num_tokens)
         else:
             target = cache.prefix_kv(num_tokens)

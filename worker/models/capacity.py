@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass
 from worker.models.model_shape import ModelShape
 from worker.models.weight_formats import MAX_ALTERNATIVE_PARAMS, QUANTIZED_FORMATS
 
+# Of a hybrid model's cache, the most its lanes' recurrent states may take: the rest is K/V blocks
+# (a state slot serves a lane of any length; the blocks decide how long the lanes can grow).
+STATE_SHARE = 0.5
 DEVICE_MEMORY_USE = 0.9  # of the device's memory, for weights and cache: the rest is activations' headroom
 INT4_GROUP = 32  # worker/models/quantized_weight.py's INT4_GROUP_SIZE
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -133,6 +136,16 @@ def capacity(
         contexts=budget // per_context,
         max_lane_tokens=max(budget - per_lane, 0) // block_bytes * block_tokens,
     )
+
+
+def pool_split(budget: int, block_bytes: int, state_bytes: int, max_lanes: int) -> tuple[int, int]:
+    """How a worker's pool divides `budget` bytes (kv_pool.new_pool): (state slots, K/V blocks).
+    A hybrid gets a state slot per lane up to `max_lanes`, at least one, the slots at most
+    STATE_SHARE of the budget; the blocks get the rest (possibly none: the caller refuses that)."""
+    if state_bytes == 0:
+        return 0, budget // block_bytes
+    slots = max(min(max_lanes, int(budget * STATE_SHARE) // state_bytes), 1)
+    return slots, max(budget - slots * state_bytes, 0) // block_bytes
 
 
 def parse_bytes(text: str) -> int:

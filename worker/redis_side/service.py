@@ -295,20 +295,22 @@ class WorkerService:
         config = self.config
         cache = PrefixCache(config.prefill_cache_bytes) if config.prefill_cache_bytes > 0 else None
         runner = served.runner
-        kv_cache_bytes = self._fit_capacity(served)
-        stepper = ModelStepper(runner, cache, self.counters, new_pool(runner.decoder, kv_cache_bytes))
+        kv_cache_bytes, max_lanes = self._fit_capacity(served)
+        self.capacity.max_lanes = max_lanes  # (fewer than asked where a hybrid's states do not fit)
+        stepper = ModelStepper(runner, cache, self.counters, new_pool(runner.decoder, kv_cache_bytes, max_lanes))
         if config.adaptive_speculation:
             stepper.step_costs = stepper.measure_step_costs()
             if stepper.step_costs is not None:
                 log.info("decode step costs (lanes, draft tokens) -> ms: %s", _costs_ms(stepper.step_costs.prior))
         owner_config = OwnerConfig(
-            config.worker_id, config.speculation, config.max_lanes, kv_cache_bytes, config.max_batch_tokens
+            config.worker_id, config.speculation, max_lanes, kv_cache_bytes, config.max_batch_tokens
         )
         return Owner(stepper, served.tokenizer, owner_config, self.capacity, publisher)
 
-    def _fit_capacity(self, served: ServingModel) -> int:
+    def _fit_capacity(self, served: ServingModel) -> tuple[int, int]:
         """The capacity gate (worker/serving/capacity_gate.py): sizes the cache, fits the runner's
-        context to it, logs and publishes what fits; returns the cache's bytes."""
+        context to it, logs and publishes what fits; returns the cache's bytes and the lanes that
+        may run at once."""
         config, runner = self.config, served.runner
         full_lanes = config.max_lanes * ModelStepper(runner).kv_bytes(runner.max_context, 0)
         formats = served.loaded.formats
@@ -317,13 +319,14 @@ class WorkerService:
             formats.body if formats is not None else None,
             config.kv_cache_bytes,
             min(full_lanes, DEFAULT_MAX_KV_CACHE_BYTES),
+            config.max_lanes,
         )
         runner.max_context = start.max_context
         served.context_limit = start.limit_note
         self.counters.capacity = start.capacity
         self.identity = replace(self.identity, max_context=start.max_context)
         log_capacity(start)
-        return start.kv_cache_bytes
+        return start.kv_cache_bytes, start.max_lanes
 
     # -- loops (one iteration each; `_forever` repeats them and rides out Redis outages) ----------
 

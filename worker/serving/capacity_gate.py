@@ -17,7 +17,15 @@ from pathlib import Path
 import torch
 
 from worker.engine.runner import ModelRunner
-from worker.models.capacity import Capacity, CapacityError, cache_budget, capacity
+from worker.models.capacity import (
+    Capacity,
+    CapacityError,
+    cache_budget,
+    capacity,
+    kv_bytes_per_token,
+    pool_split,
+    state_bytes_per_lane,
+)
 from worker.models.config import ModelConfig
 from worker.models.hybrid.config import HybridConfig
 from worker.models.kv_pool import DEFAULT_BLOCK_TOKENS, DEFAULT_MAX_KV_CACHE_BYTES
@@ -30,9 +38,10 @@ MEMINFO = Path("/proc/meminfo")
 @dataclass(frozen=True, slots=True)
 class StartCapacity:
     capacity: Capacity  # at the context the worker serves
-    kv_cache_bytes: int  # the budget lanes' K/V (and states) are admitted against
+    kv_cache_bytes: int  # the budget lanes' K/V blocks (and a hybrid's state slots) share
     max_context: int  # tokens a lane may hold, prompt + output
     limit_note: str  # why max_context is below the model's own maximum ("" when it is not)
+    max_lanes: int  # lanes that run at once: ARBOR_MAX_LANES, or fewer where the state slots are
 
 
 def decoder_shape(runner: ModelRunner) -> ModelShape:
@@ -48,21 +57,22 @@ def start_capacity(
     weight_format: str | None,
     kv_cache_bytes: int | None,
     default_kv_cache_bytes: int,
+    max_lanes: int,
 ) -> StartCapacity:
     """`default_kv_cache_bytes`: the budget when ARBOR_KV_CACHE_BYTES is unset (capped here by the
-    free memory). A plain model's K/V lives in the block pool, so only whole blocks count; a
-    hybrid lane's is one buffer of its own (HybridCache), counted to the token."""
+    free memory). The budget divides as the pool will (capacity.pool_split): a hybrid's state slots
+    first, one a lane up to `max_lanes`, then whole K/V blocks; the longest lane is all the blocks."""
     shape, dtype = decoder_shape(runner), str(runner.decoder.dtype).removeprefix("torch.")
     budget = kv_cache_bytes or min(default_kv_cache_bytes, cache_budget(0, free_memory_bytes=free_memory(runner)))
-    block_tokens = 1 if isinstance(runner.decoder.config, HybridConfig) else DEFAULT_BLOCK_TOKENS
     fmt = weight_format or dtype
-    longest = capacity(shape, 1, fmt, dtype, budget, block_tokens=block_tokens).max_lane_tokens
+    per_lane = state_bytes_per_lane(shape, dtype)
+    slots, blocks = pool_split(budget, kv_bytes_per_token(shape, dtype) * DEFAULT_BLOCK_TOKENS, per_lane, max_lanes)
     scratch = runner.max_draft_nodes + 1  # a verification's rows past the context (ModelStepper._capacity)
-    fits = longest - scratch
+    fits = blocks * DEFAULT_BLOCK_TOKENS - scratch
     if fits < 1:
         raise CapacityError(
-            f"kv_cache_bytes={budget}: not one token of K/V fits beside a lane's state and {scratch} scratch "
-            "rows; raise ARBOR_KV_CACHE_BYTES"
+            f"kv_cache_bytes={budget}: not one token of K/V fits beside the lanes' states and {scratch} "
+            "scratch rows; raise ARBOR_KV_CACHE_BYTES"
         )
     max_context, note = runner.max_context, ""
     if fits < max_context:
@@ -70,9 +80,11 @@ def start_capacity(
         note = f"the most one lane's K/V can hold in this worker's cache ({setting})"
         log.warning("max context %d does not fit: serving %d tokens, %s", max_context, fits, note)
         max_context = fits
-    return StartCapacity(
-        capacity(shape, max_context, fmt, dtype, budget, block_tokens=block_tokens), budget, max_context, note
-    )
+    lanes = min(max_lanes, slots) if per_lane else max_lanes
+    if lanes < max_lanes:
+        log.warning("the cache holds %d lanes' recurrent states (ARBOR_KV_CACHE_BYTES): %d run at once", lanes, lanes)
+    cap = capacity(shape, max_context, fmt, dtype, budget, block_tokens=DEFAULT_BLOCK_TOKENS)
+    return StartCapacity(cap, budget, max_context, note, lanes)
 
 
 def free_memory(runner: ModelRunner) -> int:

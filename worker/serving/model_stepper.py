@@ -40,6 +40,7 @@ from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats, add_to_source
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
+from worker.models.hybrid.hybrid_pool import HybridBlocks, PagedHybridCache
 from worker.models.kv_pool import KVPool
 from worker.redis_side.heartbeat import WorkerCounters
 from worker.serving.prefix_cache import PrefixCache, PrefixEntry
@@ -169,11 +170,14 @@ class ModelStepper:
             payload.num_prompt_logprobs,
         )
         state = LaneState(sequence, payload.num_logprobs)
-        if self.prefix_cache is not None and isinstance(sequence.cache, HybridCache):
+        if self.prefix_cache is not None and isinstance(sequence.cache, HybridCache | PagedHybridCache):
             cache = sequence.cache
             cache.snapshot_every = self.prefix_cache.block_tokens  # states at its block boundaries
             # a real hybrid's state is megabytes a block: snapshots get a share of the cache's budget
-            cache.max_snapshots = max(1, int(self.prefix_cache.max_bytes * SNAPSHOT_SHARE) // cache.recurrent.num_bytes)
+            decoder = self.runner.decoder
+            assert isinstance(decoder, HybridDecoder), type(decoder)
+            state_bytes = decoder.state_bytes()
+            cache.max_snapshots = max(1, int(self.prefix_cache.max_bytes * SNAPSHOT_SHARE) // state_bytes)
         if not sequence.finished:
             self._reuse_prefix(state)
         if payload.num_logprobs is not None:
@@ -331,8 +335,9 @@ class ModelStepper:
         if state.sequence.num_to_prefill == 0 and not state.stored:
             state.stored = True
             self._store_prefix(state.sequence)
-            if isinstance(state.sequence.cache, HybridCache):
-                state.sequence.cache.forget_snapshots()
+        cache = state.sequence.cache
+        if state.sequence.num_to_prefill == 0 and isinstance(cache, HybridCache | PagedHybridCache):
+            cache.forget_snapshots()  # (a resumed lane's prefill kept them again)
 
     def _count_decode(self, state: LaneState, before: tuple[int, int, int], emitted: list[int]) -> None:
         stats, counters = state.stats, self.counters
@@ -371,7 +376,7 @@ class ModelStepper:
         if hit is None:
             return
         num = hit.num_tokens
-        if isinstance(hit.target, HybridPrefix):  # the longest block prefix it kept a state for
+        if isinstance(hit.target, HybridPrefix | HybridBlocks):  # the longest block prefix it kept a state for
             num = max((length for length in hit.target.states if length <= num), default=0)
             if num == 0:
                 return
@@ -384,6 +389,11 @@ class ModelStepper:
         pool = self.pool
         if isinstance(hit.target, HybridPrefix):
             self.runner.attach_prefix(sequence, hit.target.cut(num), snapshot)
+        elif isinstance(hit.target, HybridBlocks):
+            assert pool is not None
+            reclaimable = pool.allocator.num_reclaimable
+            self.runner.attach_prefix(sequence, hit.target.cut(num), snapshot)
+            state.claimed_blocks = reclaimable - pool.allocator.num_reclaimable
         elif pool is None:
             keys, values = hit.target
             self.runner.attach_prefix(sequence, (keys[:, :, :num], values[:, :, :num]), snapshot)
@@ -411,6 +421,11 @@ class ModelStepper:
             assert pool is not None
             if cache.insert(token_ids, target, snapshot, len(target) * pool.bytes_per_block + drafter_bytes):
                 pool.allocator.share(target, by_cache=True)  # the entry's holds, dropped in _drop_entry
+        elif isinstance(target, HybridBlocks):  # the lane's pool blocks and copies of its states
+            assert pool is not None
+            num_bytes = len(target.block_ids) * pool.bytes_per_block + target.state_bytes + drafter_bytes
+            if cache.insert(token_ids, target, snapshot, num_bytes):
+                pool.allocator.share(target.block_ids, by_cache=True)
         elif isinstance(target, HybridPrefix):
             cache.insert(token_ids, target, snapshot, target.num_bytes + drafter_bytes)
         else:
@@ -421,7 +436,8 @@ class ModelStepper:
     def _drop_entry(self, entry: PrefixEntry) -> None:
         """A prefill-cache entry left the cache: its holds on pool blocks go."""
         assert self.pool is not None
-        self.pool.allocator.free(entry.target, by_cache=True)
+        target = entry.target
+        self.pool.allocator.free(target.block_ids if isinstance(target, HybridBlocks) else target, by_cache=True)
 
     def _reclaim(self, num_blocks: int) -> None:
         """Free `num_blocks` more pool blocks (or all the cache can) by dropping prefill-cache

@@ -88,7 +88,8 @@ def measure_step_costs(
     runner.drafter = _PaddedDrafts(drafter)
     try:
         for num_lanes in lane_counts:
-            if num_lanes * per_lane > pool.allocator.num_free:
+            most_lanes = pool.max_lanes
+            if num_lanes * per_lane > pool.allocator.num_free or (most_lanes is not None and num_lanes > most_lanes):
                 break
             seconds.update(_measure_at(runner, pool, num_lanes, draft_lengths, params, repeats))
     finally:

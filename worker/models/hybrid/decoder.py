@@ -24,8 +24,10 @@ from worker.models.hybrid.config import LINEAR_ATTENTION, HybridConfig
 from worker.models.hybrid.gated_attention import GatedAttention, partial_rotary
 from worker.models.hybrid.gated_deltanet import GatedDeltaNet, RecurrentLane
 from worker.models.hybrid.hybrid_cache import HybridCache
+from worker.models.hybrid.hybrid_pool import PagedHybridCache
 from worker.models.hybrid.moe import SparseMoe, SwiGLU
 from worker.models.hybrid.norms import ZeroCentredRMSNorm
+from worker.models.hybrid.state_pool import StatePool
 from worker.models.linear import Linear
 from worker.models.rope import RotaryEmbedding
 
@@ -119,12 +121,16 @@ class HybridDecoder(nn.Module):
         """What `new_cache(max_tokens)` holds: K/V of the attention layers plus the fixed recurrent state."""
         return HybridCache.bytes_for(self.config, max_tokens, self.dtype)
 
+    def state_bytes(self) -> int:
+        """One lane's recurrent state (conv tails + delta-rule states), whatever its length."""
+        return StatePool.slot_bytes(self.config, self.dtype)
+
     @torch.inference_mode()
     def forward(
         self,
         token_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        cache: HybridCache,
+        cache: HybridCache | PagedHybridCache,
         tree_mask: torch.Tensor | None = None,
         hidden_layers: Sequence[int] = (),
         num_logits: int | None = None,  # logits for the last n tokens only (None: all, 0: none)
@@ -137,7 +143,8 @@ class HybridDecoder(nn.Module):
     def forward_lanes(
         self, lanes: Sequence[LaneRows], hidden_layers: Sequence[int] = (), want_final_hidden: bool = False
     ) -> list[ForwardOutput]:
-        """One forward over the new rows of every lane (each lane's cache a HybridCache): norms,
+        """One forward over the new rows of every lane (each lane's cache a HybridCache, or a
+        PagedHybridCache in the block pool): norms,
         projections and MLPs over all rows at once, attention and recurrence per lane."""
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = partial_rotary(self.config, self.dtype, self.device)
@@ -165,7 +172,7 @@ def _recurrent_lane(lane: LaneRows, span: Span) -> RecurrentLane:
     """What the recurrent layers keep for a lane: every row's state where it may be committed in
     part (a tree; a short forward with logits: decode, verification), else only the last."""
     cache = lane.cache
-    assert isinstance(cache, HybridCache), type(cache)
+    assert isinstance(cache, HybridCache | PagedHybridCache), type(cache)
     parents = None if lane.tree_mask is None else tree_parents(lane.tree_mask)
     every_position = parents is not None or (lane.num_logits != 0 and span.num_rows <= MAX_VERIFY_TOKENS)
     snapshot_every = None if every_position else cache.snapshot_every

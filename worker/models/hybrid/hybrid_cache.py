@@ -99,7 +99,7 @@ class HybridCache:
         if accepted is None:
             accepted = list(range(num_new))
         self.recurrent.commit(num_new, accepted, self.length)  # raises NotAPath for anything but a path
-        self._thin_snapshots()
+        self.recurrent.thin_snapshots(self.max_snapshots)
         move_accepted_slots(self.keys, self.values, self.length, accepted)
         self.length += len(accepted)
 
@@ -127,12 +127,6 @@ class HybridCache:
         self.recurrent.load(*prefix.states[num_tokens])
         self.recurrent.snapshots = dict(prefix.states)  # read-only: a longer prefix stored later holds them too
         self.length = num_tokens
-
-    def _thin_snapshots(self) -> None:
-        snapshots, most = self.recurrent.snapshots, self.max_snapshots
-        while most is not None and len(snapshots) > most:
-            kept = sorted(snapshots)[::-1][::2]  # the newest, then every other one before it
-            self.recurrent.snapshots = snapshots = {length: snapshots[length] for length in sorted(kept)}
 
     def forget_snapshots(self) -> None:
         """Prefill is over (its prefix stored or not): the snapshots are of no more use."""

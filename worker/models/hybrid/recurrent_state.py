@@ -77,9 +77,21 @@ class RecurrentState:
         state_dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ):
-        self.conv_tails = torch.zeros(num_layers, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
-        self.delta_states = torch.zeros(num_layers, *state_shape, dtype=state_dtype, device=device)
-        self.staged: list[StagedStep | None] = [None] * num_layers
+        conv_tails = torch.zeros(num_layers, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
+        self._hold(conv_tails, torch.zeros(num_layers, *state_shape, dtype=state_dtype, device=device))
+
+    @classmethod
+    def over(cls, conv_tails: torch.Tensor, delta_states: torch.Tensor) -> RecurrentState:
+        """A state kept in tensors someone else owns (a slot of the state pool, worker/models/hybrid/
+        state_pool.py): commits and loads write into them, in place."""
+        state = cls.__new__(cls)
+        state._hold(conv_tails, delta_states)
+        return state
+
+    def _hold(self, conv_tails: torch.Tensor, delta_states: torch.Tensor) -> None:
+        self.conv_tails = conv_tails  # [layers, conv_dim, kernel - 1]
+        self.delta_states = delta_states  # [layers, heads, dk, dv]
+        self.staged: list[StagedStep | None] = [None] * conv_tails.shape[0]
         # The committed state at some earlier lengths (the prefill cache's block boundaries):
         # length -> (conv tails, delta states), shaped as the two tensors above.
         self.snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -125,6 +137,14 @@ class RecurrentState:
         rows = sorted(staged[0].snapshots)
         assert len(staged) == len(self.staged) and all(sorted(s.snapshots) == rows for s in staged)
         return rows
+
+    def thin_snapshots(self, most: int | None) -> None:
+        """At most `most` snapshots (None: all): past it every other one goes, the newest kept, so
+        a long prompt keeps states at a stride that doubles as it grows."""
+        snapshots = self.snapshots
+        while most is not None and len(snapshots) > most:
+            kept = sorted(snapshots)[::-1][::2]  # the newest, then every other one before it
+            self.snapshots = snapshots = {length: snapshots[length] for length in sorted(kept)}
 
     def load(self, conv_tails: torch.Tensor, delta_states: torch.Tensor) -> None:
         self.conv_tails.copy_(conv_tails)
