@@ -20,6 +20,9 @@ lanes read one copy of a system prompt's K/V. A block may be shared only if it i
 below the lane's length; the lane writes at its length and after (new tokens, scratch rows,
 commit's moves), so it never writes into a block another holder reads, and `release` drops
 its holds without assuming it was the only one.
+
+A hybrid model's lanes use the same pool for their attention layers' K/V, with their recurrent
+state in slots beside it (worker/models/hybrid/hybrid_pool.py).
 """
 
 from __future__ import annotations

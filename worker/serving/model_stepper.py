@@ -19,8 +19,10 @@ entry drops its holds. Blocks only the cache holds count as free for admission
 until enough are (`_reclaim`), before the scheduler would have to preempt a lane. A hit that
 takes such blocks away from the cache adds them to the lane's `blocks_needed` in the plan that
 admits it, so the plan does not count them twice. Lanes without a pool copy K/V in and out of
-the entries instead; a hybrid model's entries also hold its recurrent state at each of their
-block boundaries, kept while its prefill passed them (HybridCache.snapshot_every).
+the entries instead. A hybrid model's entries also hold copies of its recurrent state at each of
+their block boundaries, kept while its prefill passed them (`snapshot_every`), so a hit (or a
+preempted lane resuming: its own prompt was stored) starts from the longest block prefix with a
+state (worker/models/hybrid/hybrid_pool.py).
 """
 
 from __future__ import annotations
@@ -307,7 +309,8 @@ class ModelStepper:
         return outcome
 
     def preempt(self, state: LaneState) -> None:
-        """Its blocks back to the pool; it resumes by prefilling prompt + output again."""
+        """Its blocks (and a hybrid's state slot) back to the pool; it resumes by prefilling
+        prompt + output again, from what the prefill cache holds of them (`resume`)."""
         sequence = state.sequence
         sequence.cache.release()  # one hold fewer on each block: those the cache holds stay
         state.claimed_blocks = 0

@@ -26,9 +26,10 @@ preempted for it, so it starts in that step:
     lanes 2, running A(p10) B(p10), waiting C(p0)  ->  B preempted, step runs A and C;
     waiting: B (at the head of class 10), resumed when a lane frees
 
-A lane whose
-memory is fixed when it starts (`kv_bytes`, a hybrid model's recurrent state) counts against
-`max_kv_bytes` instead.
+A hybrid model's lanes also hold
+a recurrent-state slot each while they run: `max_lanes` is at most the slots (the worker sets
+it), so counting lanes counts slots. A lane whose memory is fixed when it starts instead
+(`kv_bytes`: a buffer of its own, outside any pool) counts against `max_kv_bytes`.
 
 Cancellation and deadlines are checked before every step; a lane dropped for either is
 released without running. A lane whose step raises fails alone. The model is behind

@@ -1,5 +1,9 @@
 """A hybrid model's per-sequence cache: K/V for its attention layers, recurrent state for the rest.
 
+One buffer of its own, sized for the lane's longest context (generate, tests, the transformers
+oracle's comparisons); served lanes live in the block pool instead (hybrid_pool.py), with the
+same commit contract.
+
 It keeps the KV cache's contract (worker/models/kv_cache.py), so the model runner drives it
 unchanged: a forward writes after the committed `length`, and `commit(num_new, accepted)` keeps
 the accepted new tokens. Recurrent state cannot be rearranged the way K/V slots can: it is the
