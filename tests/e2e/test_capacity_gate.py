@@ -24,7 +24,7 @@ from worker.serving.capacity_gate import decoder_shape
 from worker.serving_model import load_serving_model
 
 MODEL = "tiny-qwen3-next-long"
-LANE_TOKENS = 1000  # what the cache holds for one lane, scratch rows included
+LANE_TOKENS = 1024  # what the cache holds for one lane (32 blocks), scratch rows included
 
 
 @dataclass
@@ -55,7 +55,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = _free_port()
     with RedisServer() as redis_server:
         config = service_config(
-            redis_server.url, model_name=MODEL, max_context=None, kv_cache_bytes=cache_bytes, metrics_port=port
+            redis_server.url,
+            model_name=MODEL,
+            max_context=None,
+            kv_cache_bytes=cache_bytes,
+            metrics_port=port,
+            max_lanes=1,  # one state slot, the rest K/V blocks
         )
         with InProcessWorker(config, model):
             server = GatewayServer(GatewaySettings(redis_url=redis_server.url, request_timeout_s=120.0)).start()
