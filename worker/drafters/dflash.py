@@ -157,6 +157,7 @@ class DFlashDrafter:
         for state, committed in items:
             cache, num = state.cache, len(committed.token_ids)
             start, rows = committed.start, slice(first, first + num)
+            cache.reserve(start + num)
             cache.keys[:, :, start : start + num], cache.values[:, :, start : start + num] = (
                 keys[:, :, rows],
                 values[:, :, rows],
@@ -215,6 +216,7 @@ class DFlashDrafter:
         for lane, (state, root) in enumerate(zip(states, root_tokens, strict=True)):
             start = state.cache.length
             assert start + block <= state.cache.max_tokens, (start, block, state.cache.max_tokens)
+            state.cache.reserve(start + block)
             spans.append(Span(state.cache, start, lane * block, block, None))
             token_ids += [root, *masks]
             positions += range(start, start + block)

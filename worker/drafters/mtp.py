@@ -40,7 +40,7 @@ from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, LaneRows, RMSNorm, lane_spans
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.gated_attention import attention_view, partial_rotary
-from worker.models.kv_cache import KVCache
+from worker.models.kv_cache import INITIAL_TOKENS, KVCache
 from worker.models.rope import RotaryEmbedding
 from worker.speculation.tree import DraftTree
 
@@ -121,7 +121,8 @@ class MtpDrafter:
     def start(self, sequence: Sequence) -> MtpState:
         weight = self.embed_tokens.weight
         max_tokens = sequence.cache.max_tokens
-        hidden = torch.empty(max_tokens, self.cache_config.hidden_size, dtype=weight.dtype, device=weight.device)
+        rows = min(max_tokens, INITIAL_TOKENS)  # both grow with the lane (KVCache.reserve, _hidden_room)
+        hidden = torch.empty(rows, self.cache_config.hidden_size, dtype=weight.dtype, device=weight.device)
         return MtpState(KVCache(self.cache_config, max_tokens, weight.dtype, weight.device), hidden)
 
     def observe(self, state: MtpState, committed: TargetStates) -> None:
@@ -164,6 +165,7 @@ class MtpDrafter:
         for (state, committed), lane, lane_hidden in zip(items, lanes, hidden, strict=True):
             num = len(lane.token_ids)
             state.cache.commit(num)
+            _hidden_room(state, committed.start + num)
             state.target_hidden[committed.start : committed.start + num] = lane_hidden
             state.num_observed = committed.start + num
             state.next_hidden = out[first + num - 1]
@@ -259,6 +261,7 @@ class MtpDrafter:
         num_tokens = snapshot.num_observed
         num_pairs = num_tokens - 1
         state.cache.load_prefix(snapshot.cache.keys[:, :, :num_pairs], snapshot.cache.values[:, :, :num_pairs])
+        _hidden_room(state, num_tokens)
         state.target_hidden[:num_tokens] = snapshot.target_hidden[:num_tokens]
         state.num_observed = num_tokens
         last_hidden = snapshot.target_hidden[num_pairs:num_tokens]  # [1, hidden]: h_{N-1}
@@ -350,3 +353,15 @@ def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConf
     if source not in HIDDEN_SOURCES:
         raise DrafterError(f"{checkpoint.source}: mtp_hidden={source!r} must be one of {', '.join(HIDDEN_SOURCES)}")
     return source
+
+
+def _hidden_room(state: MtpState, num_tokens: int) -> None:
+    """Room for h_t of the first `num_tokens` tokens: grows as the head's KVCache does (at least
+    doubling, up to the lane's longest context), so a lane's memory follows its length."""
+    allocated = state.target_hidden.shape[0]
+    if num_tokens <= allocated:
+        return
+    size = min(max(num_tokens, 2 * allocated), state.cache.max_tokens)
+    grown = state.target_hidden.new_empty(size, state.target_hidden.shape[1])
+    grown[:allocated] = state.target_hidden
+    state.target_hidden = grown

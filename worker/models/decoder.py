@@ -44,6 +44,9 @@ class LaneCache(Protocol):
         self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def reserve(self, num_tokens: int) -> None:
+        """Room for tokens [0, num_tokens): a growing buffer grows, a pool lane takes its blocks."""
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
@@ -484,6 +487,7 @@ def lane_spans(lanes: Sequence[LaneRows], device: torch.device, starts: Sequence
         start, num_rows = (lane.cache.length if starts is None else starts[index]), len(lane.token_ids)
         assert num_rows == len(lane.positions) and num_rows > 0, (num_rows, len(lane.positions))
         assert start + num_rows <= lane.cache.max_tokens, "KV cache overflow: caller must check context length"
+        lane.cache.reserve(start + num_rows)  # (a buffer that grows: KVCache; pool blocks: already taken)
         mask = attention_mask(start, num_rows, lane.tree_mask, device)
         spans.append(Span(lane.cache, start, first_row, num_rows, mask))
         first_row += num_rows

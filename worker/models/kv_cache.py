@@ -1,8 +1,14 @@
-"""A preallocated per-sequence KV cache with scratch-slot commit for speculative verification.
+"""A per-sequence KV cache with scratch-slot commit for speculative verification.
 
 Slots [0, length) hold committed tokens. A verification forward writes its K/V into slots
 [length, length + num_new); `commit` then moves the accepted subset into place and advances
 `length`, which implicitly discards everything else written there.
+
+It holds up to `max_tokens` (the lane's longest context) but allocates as it is used:
+INITIAL_TOKENS first, then twice as many each time `reserve` asks for more (copying what it
+holds), so a lane's memory follows its length rather than the longest it could reach (a drafter's
+cache beside a 262,144-token context would otherwise be gigabytes a lane from its first token).
+Every forward `reserve`s its rows first (decoder.lane_spans).
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ import torch
 
 from worker.models.config import ModelConfig
 
+INITIAL_TOKENS = 256
+
 
 class KVCache:
     def __init__(self, config: ModelConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
-        shape = (config.num_hidden_layers, config.num_key_value_heads, max_tokens, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, max_tokens, head_dim]
+        shape = (config.num_hidden_layers, config.num_key_value_heads, min(max_tokens, INITIAL_TOKENS), config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, allocated, head_dim]
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.max_tokens = max_tokens
         self.length = 0  # committed tokens
@@ -26,10 +34,11 @@ class KVCache:
 
     @property
     def num_bytes(self) -> int:
+        """What it holds now (allocated)."""
         return 2 * self.keys.numel() * self.keys.element_size()
 
     def bytes_per_token(self) -> int:
-        return self.num_bytes // self.max_tokens
+        return 2 * self.keys[:, :, 0].numel() * self.keys.element_size()
 
     def commit(self, num_new: int, accepted: list[int] | None = None) -> None:
         """Keep scratch slots `length + accepted[i]` as the next committed tokens (all, in order, if None).
@@ -55,10 +64,20 @@ class KVCache:
         return self.keys[layer, :, :end], self.values[layer, :, :end]
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return 0  # preallocated
+        return 0  # no pool blocks: its own buffer
 
     def reserve(self, num_tokens: int) -> None:
+        """Room for slots [0, num_tokens): grows the buffer (at least doubling) where it is short."""
         assert num_tokens <= self.max_tokens, "KV cache overflow: caller must check context length"
+        allocated = self.keys.shape[2]
+        if num_tokens <= allocated:
+            return
+        size = min(max(num_tokens, 2 * allocated), self.max_tokens)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            grown = old.new_zeros(old.shape[0], old.shape[1], size, old.shape[3])
+            grown[:, :, :allocated] = old
+            setattr(self, name, grown)
 
     def release(self) -> None:
         self.length = 0
@@ -75,6 +94,7 @@ class KVCache:
     def load_prefix(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Install a cached prefix ([layers, kv_heads, n, head_dim] each) as the committed tokens."""
         n = keys.shape[2]
+        self.reserve(n)
         self.keys[:, :, :n] = keys
         self.values[:, :, :n] = values
         self.length = n
