@@ -90,7 +90,8 @@ def test_health_and_models_publish_what_fits(served: Served) -> None:
     assert capacity["kv_bytes_per_token"] == served.kv_bytes_per_token
     assert capacity["kv_cache_bytes"] == served.cache_bytes
     per_lane = capacity["state_bytes_per_lane"]
-    assert per_lane > 0 and capacity["state_lanes"] == served.cache_bytes // per_lane  # states alone: many
+    assert per_lane > 0 and capacity["state_lanes"] == 1  # the pool's state slots: one lane (max_lanes)
+    assert capacity["kv_tokens"] == LANE_TOKENS  # the blocks beside it
     assert capacity["max_context_lanes"] == 1  # whole contexts: one
     assert capacity["weight_bytes"] > 0
     [model] = served.gateway.openai().models.list().data

@@ -65,6 +65,9 @@ def test_a_hybrid_runs_as_many_lanes_as_the_cache_holds_states_for(hybrid):
     block_bytes = 32 * kv_bytes_per_token(decoder_shape(runner), "float32")
     assert pool.num_blocks == (budget - 3 * per_lane) // block_bytes
     assert start.max_context == pool.num_blocks * 32 - (runner.max_draft_nodes + 1)
+    # what the worker publishes is the pool's: its slots, its blocks' tokens, one context of the longest
+    assert (start.capacity.state_lanes, start.capacity.kv_tokens) == (3, pool.num_blocks * 32)
+    assert start.capacity.contexts == 1
 
 
 def test_a_plain_models_lanes_fit_in_whole_blocks(plain):

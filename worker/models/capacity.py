@@ -48,8 +48,11 @@ class Capacity:
     kv_bytes_per_token: int
     state_bytes_per_lane: int  # 0 for a plain model
     cache_bytes: int  # the budget K/V and states share (0 when the weights leave nothing)
-    kv_tokens: int  # tokens of K/V the budget holds, states aside (whole blocks of `block_tokens`)
-    state_lanes: int  # lanes whose recurrent states the budget holds, K/V aside (0 for a plain model)
+    # tokens of K/V the budget holds, states aside (whole blocks of `block_tokens`), and lanes whose
+    # recurrent states it holds, K/V aside (0 for a plain model); a worker publishes its pool's
+    # instead: the blocks and state slots its budget was divided into (capacity_gate.py)
+    kv_tokens: int
+    state_lanes: int
     context: int
     contexts: int  # contexts of `context` tokens that fit together, each with its lane's state
     max_lane_tokens: int  # the longest context one lane can ever hold: its K/V beside its state

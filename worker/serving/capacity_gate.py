@@ -11,7 +11,7 @@ room that will never come.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -84,6 +84,11 @@ def start_capacity(
     if lanes < max_lanes:
         log.warning("the cache holds %d lanes' recurrent states (ARBOR_KV_CACHE_BYTES): %d run at once", lanes, lanes)
     cap = capacity(shape, max_context, fmt, dtype, budget, block_tokens=DEFAULT_BLOCK_TOKENS)
+    if per_lane:  # what the pool will really hold: its slots, and K/V in the blocks beside them
+        per_context = -(-max_context // DEFAULT_BLOCK_TOKENS)
+        cap = replace(
+            cap, kv_tokens=blocks * DEFAULT_BLOCK_TOKENS, state_lanes=slots, contexts=min(slots, blocks // per_context)
+        )
     return StartCapacity(cap, budget, max_context, note, lanes)
 
 
