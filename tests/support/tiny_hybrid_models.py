@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from tests.support.tiny_models import make_tiny_model
 
 # Small but with every feature: grouped value heads (4 per 2 key heads), GQA, partial RoPE, a full
@@ -49,7 +51,6 @@ def make_tiny_hybrid_model_with_mtp(folder: Path, family: str, seed: int = 0, mt
     `model.layers.0.*` and `model.norm.weight` become `mtp.layers.0.*` and `mtp.norm.weight`, so
     the names and shapes are the format's, not Arbor's; `mtp.fc` and the pre-fc norms are random.
     """
-    import torch
     from safetensors.torch import load_file, save_file
 
     make_tiny_hybrid_model(folder, family, seed, **overrides)
@@ -71,3 +72,14 @@ def make_tiny_hybrid_model_with_mtp(folder: Path, family: str, seed: int = 0, mt
 def mtp_layer_folder(folder: Path) -> Path:
     """Where make_tiny_hybrid_model_with_mtp keeps the one-layer model its head's layer comes from."""
     return folder.parent / f"{folder.name}-mtp-layer"
+
+
+def damp_outputs(decoder: torch.nn.Module, damping: float = 0.07) -> None:
+    """Scale the mixers' and MLPs' output projections down (o_proj, out_proj, down_proj). With tied
+    embeddings the next token then mostly follows the current one: random hybrids fall into
+    loops that lookup drafts predict, and the mixers still move the argmax often enough that
+    drafts are also rejected part-way (so partial paths get committed)."""
+    with torch.no_grad():
+        for name, parameter in decoder.named_parameters():
+            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                parameter.mul_(damping)

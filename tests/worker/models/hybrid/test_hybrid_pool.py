@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from shared.sampling import SamplingParams
-from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model_with_mtp
+from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, damp_outputs, make_tiny_hybrid_model_with_mtp
 from tests.worker.models.hybrid.test_hybrid_dflash import hybrid_target, steered
 from tests.worker.models.hybrid.test_hybrid_dflash import prompts as steered_prompts
 from worker.drafters.registry import DraftOptions, load_drafter
@@ -34,20 +34,15 @@ BLOCK_TOKENS = 16
 CACHE_BLOCK = 32  # the prefill cache's block: two of the pool's
 FAMILIES = sorted(HYBRID_FAMILIES)
 MODEL_MODES = ["none", "ngram", "suffix", "mtp", "auto"]
-DAMPING = 0.07
 
 
 @functools.cache
 def with_head(family: str, tmp_root: str) -> LoadedModel:
-    """A target with an MTP head, damped as test_hybrid_speculation's (tied embeddings, small output
-    projections): the next token mostly follows the current one, so lookup drafts are accepted
-    and also rejected part-way, and partial paths get committed."""
+    """A target with an MTP head, damped (tied embeddings, small output projections: damp_outputs)
+    so that lookup drafts are accepted and also rejected part-way."""
     folder = make_tiny_hybrid_model_with_mtp(Path(tmp_root) / family, family, tie_word_embeddings=True)
     model = load_model(folder, dtype="float64")
-    with torch.no_grad():
-        for name, parameter in model.decoder.named_parameters():
-            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
-                parameter.mul_(DAMPING)
+    damp_outputs(model.decoder)
     return model
 
 

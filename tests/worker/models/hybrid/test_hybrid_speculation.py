@@ -17,7 +17,12 @@ import pytest
 import torch
 
 from shared.sampling import SamplingParams
-from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model, make_tiny_hybrid_model_with_mtp
+from tests.support.tiny_hybrid_models import (
+    HYBRID_FAMILIES,
+    damp_outputs,
+    make_tiny_hybrid_model,
+    make_tiny_hybrid_model_with_mtp,
+)
 from worker.drafters.oracle import OracleDrafter, greedy_reference
 from worker.drafters.picker import SourcePicker
 from worker.drafters.registry import DraftOptions, load_drafter
@@ -34,10 +39,7 @@ DAMPING = 0.07  # on o_proj, out_proj, down_proj: loops with mixed acceptance fo
 def model(request, tmp_path_factory) -> LoadedModel:
     folder = make_tiny_hybrid_model(tmp_path_factory.mktemp(request.param), request.param, tie_word_embeddings=True)
     model = load_model(folder, dtype="float64")
-    with torch.no_grad():
-        for name, parameter in model.decoder.named_parameters():
-            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
-                parameter.mul_(DAMPING)
+    damp_outputs(model.decoder, DAMPING)
     return model
 
 
