@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from worker.models import attention
-from worker.models.attention import MAX_SCORE_BYTES, grouped_attention, rows_per_block
+from worker.models.attention import MAX_SCORE_BYTES, grouped_attention, plain_fits, rows_per_block
 from worker.models.decoder import attention_mask
 from worker.models.loader import load_model
 
@@ -27,13 +27,14 @@ class _OpRecorder(TorchDispatchMode):
         self.ops: list[tuple[str, tuple[int, ...], int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        out = result[0] if isinstance(result, tuple) else result  # the fused kernel returns (out, logsumexp)
         if isinstance(out, torch.Tensor):
             inputs = [a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)]
             is_view = out.untyped_storage().data_ptr() in inputs
             allocated = 0 if is_view else out.numel() * out.element_size()
             self.ops.append((str(func), tuple(out.shape), allocated))
-        return out
+        return result
 
 
 @contextmanager
@@ -59,13 +60,20 @@ def _tree_mask(num_rows: int) -> torch.Tensor:
     return mask
 
 
-def test_rows_per_block_keeps_the_score_buffer_under_the_budget():
-    # 4 heads x 262,144 keys x 8 B = 8 MB a row in float64: 8 rows in 64 MB
-    assert rows_per_block(4, 512, 262144, torch.float64, MAX_SCORE_BYTES) == 8
-    assert rows_per_block(4, 512, 262144, torch.float32, MAX_SCORE_BYTES) == 16
-    assert rows_per_block(4, 512, 262144, torch.bfloat16, MAX_SCORE_BYTES) == 16  # softmax in float32
-    assert rows_per_block(4, 512, 4096, torch.float64, MAX_SCORE_BYTES) == 512  # a short context: one block
-    assert rows_per_block(4, 512, 262144, torch.float64, 1000) == 1  # never less than a row
+def test_the_plain_form_runs_while_its_scores_fit_the_budget():
+    # 4 heads x 4,096 keys x 8 B = 128 KB a row in float64: a 512-row chunk is 64 MB
+    assert plain_fits(4, 512, 4096, torch.float64, MAX_SCORE_BYTES)
+    assert not plain_fits(4, 512, 4097, torch.float64, MAX_SCORE_BYTES)
+    assert not plain_fits(4, 1024, 8192, torch.bfloat16, MAX_SCORE_BYTES)  # the softmax's float32 counts
+    assert plain_fits(4, 1, 262144 * 64, torch.float64, MAX_SCORE_BYTES)  # one row: decode, whatever its length
+
+
+def test_a_fused_block_keeps_its_float_mask_under_the_budget():
+    # a [rows, 262,144] float64 mask is 2 MB a row: 32 rows in 64 MB
+    assert rows_per_block(512, 262144, torch.float64, MAX_SCORE_BYTES) == 32
+    assert rows_per_block(512, 262144, torch.float32, MAX_SCORE_BYTES) == 64
+    assert rows_per_block(20, 262144, torch.float32, MAX_SCORE_BYTES) == 20
+    assert rows_per_block(512, 262144, torch.float64, 1000) == 1  # never less than a row
 
 
 @pytest.mark.parametrize("case", ["causal", "tree", "none"])
@@ -75,8 +83,8 @@ def test_split_rows_give_the_unsplit_result(case):
     tree = _tree_mask(num_rows) if case == "tree" else None
     mask = None if case == "none" else attention_mask(start, num_rows, tree, torch.device("cpu"))
     whole = grouped_attention(q, keys, values, mask, max_score_bytes=1 << 40)
-    row_bytes = HEADS * (start + num_rows) * 8
-    split = grouped_attention(q, keys, values, mask, max_score_bytes=5 * row_bytes)  # blocks of 5, then 2
+    mask_row_bytes = (start + num_rows) * 8
+    split = grouped_attention(q, keys, values, mask, max_score_bytes=5 * mask_row_bytes)  # blocks of 5, then 2
     assert torch.allclose(split, whole, atol=1e-13, rtol=0), (split - whole).abs().max()
     # each row is its own attention: a row computed alone is that row of the whole
     alone = grouped_attention(q[:, 36:37], keys, values, None if mask is None else mask[36:37])
@@ -89,19 +97,19 @@ def test_no_buffer_exceeds_the_budget():
     num_rows, num_keys = 64, 3000
     q, keys, values = _qkv(num_rows, num_keys)
     mask = attention_mask(num_keys - num_rows, num_rows, None, torch.device("cpu"))
-    budget = 6 * HEADS * num_keys * 8  # six rows' scores
+    budget = 6 * num_keys * 8  # six rows of a float64 mask; the plain form's scores would be 6 MB
     with _recording() as recorded:
         grouped_attention(q, keys, values, mask, max_score_bytes=budget)
-    largest = max(nbytes for _, shape, nbytes in recorded.ops if shape[-1] == num_keys)
-    assert largest <= budget, f"a [.., {num_keys}] buffer of {largest:,} B; budget {budget:,} B"
-    softmaxes = [shape for op, shape, _ in recorded.ops if "softmax" in op]
-    assert [shape[2] for shape in softmaxes] == [6] * 10 + [4]  # 64 rows: ten blocks of 6, then 4
+    largest = max(nbytes for _, _, nbytes in recorded.ops)
+    assert largest <= budget, f"a buffer of {largest:,} B; budget {budget:,} B"
+    fused = [shape for op, shape, _ in recorded.ops if "scaled_dot_product" in op]
+    assert [shape[2] for shape in fused] == [6] * 10 + [4]  # 64 rows: ten blocks of 6, then 4
 
 
 def test_one_row_runs_the_unsplit_ops_only():
     q, keys, values = _qkv(1, 262144 // 64)
     with _recording() as split_form:
-        grouped_attention(q, keys, values, None, max_score_bytes=1)
+        grouped_attention(q, keys, values, None, max_score_bytes=1)  # no buffer fits: one row still runs plain
     with _recording() as plain_form:
         attention._attend(q, keys, values, None)
     assert [op for op, _, _ in split_form.ops] == [op for op, _, _ in plain_form.ops]
@@ -118,9 +126,9 @@ def test_gated_attention_of_a_hybrid_attends_in_blocks(tmp_path, monkeypatch):
 
     with torch.inference_mode():
         whole = prefill_logits()
-        monkeypatch.setattr(attention, "MAX_SCORE_BYTES", 4 * 120 * 8 * 7)  # 7 rows of [heads, 120] a block
+        monkeypatch.setattr(attention, "MAX_SCORE_BYTES", 7 * 120 * 8)  # a [7, 120] float64 mask a block
         with _recording() as recorded:
             split = prefill_logits()
-    probs = [shape for op, shape, _ in recorded.ops if "softmax" in op and len(shape) == 4]
-    assert probs and max(shape[2] for shape in probs) == 7, probs  # [kv_heads, group, rows, keys]
+    fused = [shape for op, shape, _ in recorded.ops if "scaled_dot_product" in op]
+    assert [shape[2] for shape in fused] == [7] * 17 + [1], fused  # [1, heads, rows, d]: 120 rows
     assert torch.allclose(split, whole, atol=1e-10, rtol=0), (split - whole).abs().max()
