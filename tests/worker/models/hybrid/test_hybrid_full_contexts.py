@@ -1,0 +1,104 @@
+"""(slow) Four full-length contexts at once on a tiny hybrid whose max_position_embeddings is
+Qwen3-Next's 262,144 (YaRN-scaled partial RoPE, gated attention, MoE).
+
+Four prompts of PROMPT_TOKENS tokens each (the model's maximum less the generated token and a
+little room) are submitted together to the worker's scheduler and stepper (the same objects a
+worker builds: prefill chunks of the four share 512-row steps), in float32, in a child process
+that measures its own peak RSS. Then:
+
+- memory: the peak grows by at most the four lanes' computed cache bytes + one step's boolean
+  masks (the causal mask's committed-prefix part and the concatenated mask: 2 x 512 rows x context
+  bytes) + one attention block's buffer (MAX_SCORE_BYTES) + 256 MB. One [heads, 512, 262,144]
+  float32 score buffer alone would be 1 GB past that bound; the lanes' K/V is a few hundred MB.
+- correctness at the longest positions: the last lane's logprobs of its greedy token equal those
+  of a float64 reference by another path: the same decoder fed 64 rows a forward
+  (MAX_VERIFY_TOKENS; the recurrent delta rule token by token instead of the chunked form), one
+  lane alone, no scheduler. Float32 against float64 over 262K positions: within LOGPROB_ATOL, while
+  a position, RoPE or state carried wrongly moves logprobs by tenths.
+
+Cost (one torch thread on this 2-core machine, extrapolated from the attention's 512-row chunk
+at 262K and 32K runs): the four lanes ~14 minutes, the float64 reference ~6: about 20 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.long_lanes_probe import MAX_BATCH_TOKENS
+from tests.support.long_prompt_probe import long_prompt
+from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
+from worker.models.attention import MAX_SCORE_BYTES
+from worker.models.hybrid.decoder import MAX_VERIFY_TOKENS
+from worker.models.loader import load_model
+
+MAX_POSITIONS = 262144
+PROMPT_TOKENS = MAX_POSITIONS - 16  # the generated token and the lane's scratch fit after it
+NUM_LANES = 4
+LOGPROB_ATOL = 1e-3
+SLACK_BYTES = 256 << 20
+YARN = dict(
+    rope_type="yarn",
+    rope_theta=10000000.0,
+    partial_rotary_factor=0.25,
+    factor=4.0,
+    original_max_position_embeddings=65536,
+)
+# One attention head: the quadratic part of 4 x 262K prefills is the test's time, and it scales
+# with the heads (a 512-row chunk over 262,144 keys, one core: 0.67 s float32 with one head, 0.97
+# with two over one kv head). Grouped heads are tested at short lengths; long ones add nothing.
+SHAPE = dict(num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=MAX_POSITIONS, rope_parameters=YARN)
+REPO_ROOT = Path(__file__).resolve().parents[4]
+
+
+def recurrent_reference(folder: Path, token_ids: list[int]) -> torch.Tensor:
+    """The last token's logits, float64, MAX_VERIFY_TOKENS rows a forward with every row's logits
+    asked for: the recurrent form of the delta rule."""
+    decoder = load_model(folder, dtype=torch.float64).decoder
+    cache = decoder.new_cache(len(token_ids))
+    logits = None
+    for start in range(0, len(token_ids), MAX_VERIFY_TOKENS):
+        rows = token_ids[start : start + MAX_VERIFY_TOKENS]
+        logits = decoder(torch.tensor(rows), torch.arange(start, start + len(rows)), cache).logits
+        cache.commit(len(rows))
+    assert logits is not None
+    return logits[-1]
+
+
+def serve_in_child(folder: Path, out: Path, num_tokens: int) -> dict:
+    command = [sys.executable, "-m", "tests.support.long_lanes_probe", str(folder), str(NUM_LANES)]
+    subprocess.run([*command, str(num_tokens), "float32", str(out)], cwd=REPO_ROOT, check=True, timeout=3600)
+    return json.loads(out.read_text())
+
+
+def check_lane(served: dict, reference_logits: torch.Tensor) -> None:
+    expected = torch.log_softmax(reference_logits, dim=-1)
+    assert served["token_id"] == int(reference_logits.argmax())
+    for token_id, logprob in served["top"]:
+        assert abs(logprob - float(expected[token_id])) <= LOGPROB_ATOL, (token_id, logprob, float(expected[token_id]))
+
+
+def memory_bound(report: dict, context: int) -> int:
+    masks = 2 * MAX_BATCH_TOKENS * context  # bool: the prefix part, and the mask it is concatenated into
+    return report["cache_bytes"] + masks + MAX_SCORE_BYTES + SLACK_BYTES
+
+
+@pytest.mark.slow
+def test_four_full_contexts_at_once_in_bounded_memory_match_a_float64_reference(tmp_path):
+    folder = make_tiny_hybrid_model(tmp_path / "tiny-full", "qwen3_next", **SHAPE)
+    report = serve_in_child(folder, tmp_path / "probe.json", PROMPT_TOKENS)
+    assert report["max_context"] == MAX_POSITIONS  # the model's own: nothing capped the lanes
+    grown = report["peak_rss"] - report["baseline_rss"]
+    bound = memory_bound(report, PROMPT_TOKENS)
+    assert grown <= bound, f"peak RSS grew {grown:,} B serving {NUM_LANES} x {PROMPT_TOKENS}; bound {bound:,} B"
+
+    last = NUM_LANES - 1  # its rows came last in every shared step
+    vocab_size = json.loads((folder / "config.json").read_text())["vocab_size"]
+    with torch.inference_mode():
+        expected = recurrent_reference(folder, long_prompt(vocab_size, PROMPT_TOKENS, last))
+    check_lane(report["lanes"][last], expected)
