@@ -1,20 +1,23 @@
 """(slow) Four full-length contexts at once on a tiny hybrid whose max_position_embeddings is
 Qwen3-Next's 262,144 (YaRN-scaled partial RoPE, gated attention, MoE).
 
-Four prompts of PROMPT_TOKENS tokens each (the model's maximum less the generated token and a
-little room) are submitted together to the worker's scheduler and stepper (the same objects a
-worker builds: prefill chunks of the four share 512-row steps), in float32, in a child process
-that measures its own peak RSS. Then:
+Four prompts of PROMPT_TOKENS tokens each are submitted together to the worker's scheduler and
+stepper (the objects a worker builds), in float32, in a child process that measures its own peak
+RSS. The scheduler prefills them 512 rows a step, in arrival order, while the lanes already
+prefilled decode; each asks for MAX_TOKENS tokens, more than the other lanes' prefill steps, so
+all four are alive at once, each with a context past 260,000 tokens: prompt + MAX_TOKENS + the
+lane's scratch row is the model's maximum. Then:
 
 - memory: the peak grows by at most the four lanes' computed cache bytes + one step's boolean
   masks (the causal mask's committed-prefix part and the concatenated mask: 2 x 512 rows x context
   bytes) + one attention block's buffer (MAX_SCORE_BYTES) + 256 MB. One [heads, 512, 262,144]
-  float32 score buffer alone would be 1 GB past that bound; the lanes' K/V is a few hundred MB.
-- correctness at the longest positions: the last lane's logprobs of its greedy token equal those
-  of a float64 reference by another path: the same decoder fed 64 rows a forward
+  float32 score buffer alone is 512 MB a head; the lanes' K/V is ~130 MB.
+- correctness at the longest positions: the last lane's logprobs of its first greedy token equal
+  those of a float64 reference by another path: the same decoder fed 64 rows a forward
   (MAX_VERIFY_TOKENS; the recurrent delta rule token by token instead of the chunked form), one
-  lane alone, no scheduler. Float32 against float64 over 262K positions: within LOGPROB_ATOL, while
-  a position, RoPE or state carried wrongly moves logprobs by tenths.
+  lane alone, no scheduler. Float32 against float64 over 260K positions: within LOGPROB_ATOL
+  (4,096 and 32,768 tokens: ~5e-5), while a position, RoPE or state carried wrongly moves
+  logprobs by tenths.
 
 Cost (one torch thread on this 2-core machine, extrapolated from the attention's 512-row chunk
 at 262K and 32K runs): the four lanes ~14 minutes, the float64 reference ~6: about 20 minutes.
@@ -38,8 +41,9 @@ from worker.models.hybrid.decoder import MAX_VERIFY_TOKENS
 from worker.models.loader import load_model
 
 MAX_POSITIONS = 262144
-PROMPT_TOKENS = MAX_POSITIONS - 16  # the generated token and the lane's scratch fit after it
 NUM_LANES = 4
+MAX_TOKENS = 2048  # decode steps outlasting the 3 x 512 steps the later lanes' prefill takes
+PROMPT_TOKENS = MAX_POSITIONS - MAX_TOKENS - 1  # 260,095: + the output + one scratch row
 LOGPROB_ATOL = 1e-3
 SLACK_BYTES = 256 << 20
 YARN = dict(
@@ -71,8 +75,8 @@ def recurrent_reference(folder: Path, token_ids: list[int]) -> torch.Tensor:
 
 
 def serve_in_child(folder: Path, out: Path, num_tokens: int) -> dict:
-    command = [sys.executable, "-m", "tests.support.long_lanes_probe", str(folder), str(NUM_LANES)]
-    subprocess.run([*command, str(num_tokens), "float32", str(out)], cwd=REPO_ROOT, check=True, timeout=3600)
+    command = [sys.executable, "-m", "tests.support.long_lanes_probe", str(folder), str(NUM_LANES), str(num_tokens)]
+    subprocess.run([*command, str(MAX_TOKENS), "float32", str(out)], cwd=REPO_ROOT, check=True, timeout=3600)
     return json.loads(out.read_text())
 
 
