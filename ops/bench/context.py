@@ -3,27 +3,31 @@
 For each length: one random prompt of that many tokens through the runner's chunked prefill
 (`generate`'s PREFILL_CHUNK rows a forward), then `--decode-tokens` greedy tokens one step at a
 time; the times, the tokens/s and the process's peak RSS so far go to context.json and a
-markdown table in context.md. The model is `--model`, or a random Qwen3.5 / Qwen3-Next layout
-(ops/bench/random_hybrid.py) whose max_position_embeddings is 262,144.
+markdown table in context.md, under a line naming the model, dtype, threads and CPU (ready for
+docs/BENCHMARKS.md). The model is `--model`, or a random Qwen3.5 / Qwen3-Next layout
+(ops/bench/random_hybrid.py) whose max_position_embeddings is 262,144; the longest default
+prompt leaves room for the decoded tokens within it.
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
 from pathlib import Path
 
 from ops.bench.results import fmt, machine_info, markdown_table, parse_int_list, results_dir, write_json
 
 LONG_POSITIONS = 262144
+DEFAULT_LENGTHS = "1024,4096,16384,65536,131072,262128"  # 262,128 + 16 decoded tokens = the model's maximum
 
 
 def add_context_parser(commands) -> None:
     parser = commands.add_parser("context", help="prefill and decode tokens/s against context length (hybrids)")
     parser.add_argument("--model", default=None, help="HF folder (default: a random hybrid, see --random-hybrid)")
     parser.add_argument("--random-hybrid", default="qwen3_5", choices=["qwen3_5", "qwen3_next"])
-    parser.add_argument("--lengths", default="1024,4096,16384,65536,262143", help="prompt lengths, comma-separated")
+    parser.add_argument("--lengths", default=DEFAULT_LENGTHS, help="prompt lengths, comma-separated")
     parser.add_argument("--decode-tokens", type=int, default=16, help="greedy tokens decoded after each prompt")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
@@ -34,7 +38,8 @@ def add_context_parser(commands) -> None:
 def run_context_command(args: argparse.Namespace) -> int:
     import torch
 
-    from ops.bench.random_hybrid import write_random_hybrid
+    from ops.bench.random_hybrid import hybrid_shape_summary, write_random_hybrid
+    from worker.engine.generate import PREFILL_CHUNK
     from worker.serving_model import load_serving_model
 
     if args.threads:
@@ -45,9 +50,21 @@ def run_context_command(args: argparse.Namespace) -> int:
     if model is None:
         model = write_random_hybrid(out / "model", args.random_hybrid, max_position_embeddings=LONG_POSITIONS)
     served = load_serving_model(model, "none", dtype=args.dtype, max_context=max(lengths) + args.decode_tokens)
+    limit = served.runner.max_context
+    if max(lengths) + args.decode_tokens > limit:
+        message = f"--lengths: {max(lengths)} + --decode-tokens {args.decode_tokens} pass the model's {limit} tokens"
+        print(message, file=sys.stderr)
+        return 2
     rows = [_measure(served.runner, length, args.decode_tokens) for length in lengths]
-    report = {"machine": machine_info(), "model": str(model), "dtype": args.dtype, "rows": rows}
+    machine = machine_info()
+    threads = torch.get_num_threads()
+    report = {"machine": machine, "model": str(model), "dtype": args.dtype, "threads": threads, "rows": rows}
     write_json(out / "context.json", report)
+    name = "the model at " + str(model) if args.model else f"a random {args.random_hybrid} ({hybrid_shape_summary()})"
+    caption = (
+        f"{name}, {args.dtype}, {threads} torch thread(s), {machine['cpu'] or 'CPU'}; one lane, prefill in "
+        f"{PREFILL_CHUNK}-row chunks, {args.decode_tokens} greedy tokens after it; peak RSS is the process's so far."
+    )
     table = markdown_table(
         ["context", "prefill s", "prefill tok/s", "decode tok/s", "peak RSS MB"],
         [
@@ -61,8 +78,8 @@ def run_context_command(args: argparse.Namespace) -> int:
             for r in rows
         ],
     )
-    (out / "context.md").write_text(table + "\n")
-    print(table)
+    (out / "context.md").write_text(caption + "\n\n" + table + "\n")
+    print(caption + "\n\n" + table)
     print(f"results: {out}")
     return 0
 

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from ops.training import updates
 from ops.training.capture import CapturedSequence
 from worker.drafters.dflash import DFlashModel
+from worker.models.attention import grouped_attention
 from worker.models.config import ModelConfig
-from worker.models.decoder import grouped_attention
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
 

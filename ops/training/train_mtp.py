@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from ops.training import updates
 from ops.training.capture import CapturedSequence
 from worker.drafters.mtp import MtpHead
-from worker.models.decoder import DecoderLayer, grouped_attention
+from worker.models.attention import grouped_attention
+from worker.models.decoder import DecoderLayer
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
 
