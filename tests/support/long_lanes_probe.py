@@ -69,7 +69,7 @@ def main(folder: str, num_lanes: int, num_tokens: int, max_tokens: int, dtype: s
     served = load_serving_model(Path(folder), "none", dtype=dtype)
     runner = served.runner
     lane_bytes = runner.decoder.cache_bytes(num_tokens + max_tokens + runner.max_draft_nodes + 1)
-    stepper = ModelStepper(runner, None, None, new_pool(runner.decoder, num_lanes * lane_bytes))
+    stepper = ModelStepper(runner, None, None, new_pool(runner.decoder, num_lanes * lane_bytes, num_lanes))
     prompts = [long_prompt(runner.vocab_size, num_tokens, seed) for seed in range(num_lanes)]
     serve_together(stepper, [prompts[0][:WARM_UP_TOKENS]], num_lanes, 2)
     baseline = peak_rss_bytes()
