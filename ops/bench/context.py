@@ -55,17 +55,26 @@ def run_context_command(args: argparse.Namespace) -> int:
         message = f"--lengths: {max(lengths)} + --decode-tokens {args.decode_tokens} pass the model's {limit} tokens"
         print(message, file=sys.stderr)
         return 2
-    rows = [_measure(served.runner, length, args.decode_tokens) for length in lengths]
     machine = machine_info()
     threads = torch.get_num_threads()
-    report = {"machine": machine, "model": str(model), "dtype": args.dtype, "threads": threads, "rows": rows}
-    write_json(out / "context.json", report)
     name = "the model at " + str(model) if args.model else f"a random {args.random_hybrid} ({hybrid_shape_summary()})"
     caption = (
         f"{name}, {args.dtype}, {threads} torch thread(s), {machine['cpu'] or 'CPU'}; one lane, prefill in "
         f"{PREFILL_CHUNK}-row chunks, {args.decode_tokens} greedy tokens after it; peak RSS is the process's so far."
     )
-    table = markdown_table(
+    rows: list[dict] = []
+    for length in lengths:  # the files are rewritten after each length: a long sweep cut short keeps its rows
+        rows.append(_measure(served.runner, length, args.decode_tokens))
+        report = {"machine": machine, "model": str(model), "dtype": args.dtype, "threads": threads, "rows": rows}
+        write_json(out / "context.json", report)
+        (out / "context.md").write_text(caption + "\n\n" + _table(rows) + "\n")
+    print(caption + "\n\n" + _table(rows))
+    print(f"results: {out}")
+    return 0
+
+
+def _table(rows: list[dict]) -> str:
+    return markdown_table(
         ["context", "prefill s", "prefill tok/s", "decode tok/s", "peak RSS MB"],
         [
             [
@@ -78,10 +87,6 @@ def run_context_command(args: argparse.Namespace) -> int:
             for r in rows
         ],
     )
-    (out / "context.md").write_text(caption + "\n\n" + table + "\n")
-    print(caption + "\n\n" + table)
-    print(f"results: {out}")
-    return 0
 
 
 def _measure(runner, length: int, decode_tokens: int) -> dict:
