@@ -36,9 +36,8 @@ import torch
 from tests.support.long_lanes_probe import MAX_BATCH_TOKENS
 from tests.support.long_prompt_probe import long_prompt
 from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
+from tests.worker.models.hybrid.test_hybrid_long_context import YARN, recurrent_reference
 from worker.models.attention import MAX_SCORE_BYTES
-from worker.models.hybrid.decoder import MAX_VERIFY_TOKENS
-from worker.models.loader import load_model
 
 MAX_POSITIONS = 262144
 NUM_LANES = 4
@@ -46,32 +45,11 @@ MAX_TOKENS = 2048  # decode steps outlasting the 3 x 512 steps the later lanes' 
 PROMPT_TOKENS = MAX_POSITIONS - MAX_TOKENS - 1  # 260,095: + the output + one scratch row
 LOGPROB_ATOL = 1e-3
 SLACK_BYTES = 256 << 20
-YARN = dict(
-    rope_type="yarn",
-    rope_theta=10000000.0,
-    partial_rotary_factor=0.25,
-    factor=4.0,
-    original_max_position_embeddings=65536,
-)
 # One attention head: the quadratic part of 4 x 262K prefills is the test's time, and it scales
 # with the heads (a 512-row chunk over 262,144 keys, one core: 0.67 s float32 with one head, 0.97
 # with two over one kv head). Grouped heads are tested at short lengths; long ones add nothing.
 SHAPE = dict(num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=MAX_POSITIONS, rope_parameters=YARN)
 REPO_ROOT = Path(__file__).resolve().parents[4]
-
-
-def recurrent_reference(folder: Path, token_ids: list[int]) -> torch.Tensor:
-    """The last token's logits, float64, MAX_VERIFY_TOKENS rows a forward with every row's logits
-    asked for: the recurrent form of the delta rule."""
-    decoder = load_model(folder, dtype=torch.float64).decoder
-    cache = decoder.new_cache(len(token_ids))
-    logits = None
-    for start in range(0, len(token_ids), MAX_VERIFY_TOKENS):
-        rows = token_ids[start : start + MAX_VERIFY_TOKENS]
-        logits = decoder(torch.tensor(rows), torch.arange(start, start + len(rows)), cache).logits
-        cache.commit(len(rows))
-    assert logits is not None
-    return logits[-1]
 
 
 def serve_in_child(folder: Path, out: Path, num_tokens: int) -> dict:

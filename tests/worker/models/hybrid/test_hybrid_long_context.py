@@ -65,7 +65,7 @@ def test_rope_at_every_position_to_the_models_maximum_is_the_references(long_mod
     assert torch.equal(-signed_sin[:, :half], ref_sin[0][:, :half])
 
 
-def _recurrent_reference(folder: Path, token_ids: list[int]) -> torch.Tensor:
+def recurrent_reference(folder: Path, token_ids: list[int]) -> torch.Tensor:
     """The last token's logits, float64, fed MAX_VERIFY_TOKENS rows a forward with every row's
     logits asked for: the recurrent form of the delta rule (decoder._recurrent_lane)."""
     decoder = load_model(folder, dtype=torch.float64).decoder
@@ -97,7 +97,7 @@ def test_a_long_prompt_served_in_chunks_matches_the_recurrent_form_with_bounded_
 
     raw = json.loads((long_model / "config.json").read_text())
     with torch.inference_mode():
-        expected = _recurrent_reference(long_model, long_prompt(raw["vocab_size"], LONG_PROMPT, 7))
+        expected = recurrent_reference(long_model, long_prompt(raw["vocab_size"], LONG_PROMPT, 7))
     assert torch.allclose(served, expected, atol=1e-8, rtol=0), (served - expected).abs().max()
 
     heads = raw["num_attention_heads"]
