@@ -96,6 +96,8 @@ def test_a_client_leaving_takes_its_unread_offer_back_for_a_live_worker_to_drop(
         assert response.status_code == 200
         wait_for(lambda: redis_client.xlen(keys.offer_stream(MODEL, "ghost")) == 1, 10, "the offer")
     wait_for(lambda: redis_client.xlen(keys.offer_stream(MODEL, "ghost")) == 0, 10, "the offer taken back")
-    assert redis_client.hget(keys.placement_counts(MODEL), "moved") == "1"
+    # the move, its count and the cancel mark are separate writes of the leaving request: wait for each
+    wait_for(lambda: redis_client.hget(keys.placement_counts(MODEL), "moved") == "1", 10, "the move counted")
+    wait_for(lambda: redis_client.xlen(keys.request_stream(MODEL)) == 1, 10, "the job moved to the shared stream")
     [(_, fields)] = redis_client.xrange(keys.request_stream(MODEL))
-    assert redis_client.exists(keys.cancel_key(fields["id"]))  # whoever reads it drops it
+    wait_for(lambda: redis_client.exists(keys.cancel_key(fields["id"])), 10, "the cancel mark")  # a reader drops it
