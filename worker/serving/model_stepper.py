@@ -389,20 +389,16 @@ class ModelStepper:
         if drafter is not None and num < hit.entry_tokens:
             assert reuses_prefixes(drafter)  # or the prefill cache would be off (__init__)
             snapshot = drafter.export_prefix(snapshot, num)
-        pool = self.pool
-        if isinstance(hit.target, HybridPrefix):
-            self.runner.attach_prefix(sequence, hit.target.cut(num), snapshot)
-        elif isinstance(hit.target, HybridBlocks):
-            assert pool is not None
-            reclaimable = pool.allocator.num_reclaimable
-            self.runner.attach_prefix(sequence, hit.target.cut(num), snapshot)
-            state.claimed_blocks = reclaimable - pool.allocator.num_reclaimable
+        pool, target = self.pool, hit.target
+        if isinstance(target, HybridPrefix):
+            self.runner.attach_prefix(sequence, target.cut(num), snapshot)
         elif pool is None:
-            keys, values = hit.target
+            keys, values = target
             self.runner.attach_prefix(sequence, (keys[:, :, :num], values[:, :, :num]), snapshot)
-        else:
+        else:  # pool blocks (with a hybrid's states): count those the hit takes from the cache alone
             reclaimable = pool.allocator.num_reclaimable
-            self.runner.attach_prefix(sequence, hit.target[: num // pool.block_tokens], snapshot)
+            blocks = target.cut(num) if isinstance(target, HybridBlocks) else target[: num // pool.block_tokens]
+            self.runner.attach_prefix(sequence, blocks, snapshot)
             state.claimed_blocks = reclaimable - pool.allocator.num_reclaimable
         state.prefix_tokens = num
 

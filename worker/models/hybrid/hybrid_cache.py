@@ -115,10 +115,7 @@ class HybridCache:
         """Copies of the first `num_tokens` committed tokens' K/V, with the recurrent state after
         them and after every earlier snapshot (the prefix's own block boundaries)."""
         assert 0 < num_tokens <= self.length, (num_tokens, self.length)
-        states = {n: state for n, state in self.recurrent.snapshots.items() if n <= num_tokens}
-        if num_tokens == self.length:
-            states[num_tokens] = (self.recurrent.conv_tails.clone(), self.recurrent.delta_states.clone())
-        assert num_tokens in states, f"no recurrent state was kept after {num_tokens} tokens"
+        states = self.recurrent.states_through(num_tokens, self.length)
         keys, values = self.keys[:, :, :num_tokens].clone(), self.values[:, :, :num_tokens].clone()
         return HybridPrefix(keys, values, states)
 

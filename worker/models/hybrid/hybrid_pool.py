@@ -114,11 +114,7 @@ class PagedHybridCache(PagedKVCache):
         """The first `num_tokens` committed tokens (whole blocks) for the prefill cache: their blocks
         (the caller `share`s them; the lane writes none of them again) and copies of the states
         after them and after each earlier snapshot."""
-        recurrent = self.recurrent
-        states = {n: state for n, state in recurrent.snapshots.items() if n <= num_tokens}
-        if num_tokens == self.length:
-            states[num_tokens] = (recurrent.conv_tails.clone(), recurrent.delta_states.clone())
-        assert num_tokens in states, f"no recurrent state was kept after {num_tokens} tokens"
+        states = self.recurrent.states_through(num_tokens, self.length)
         return HybridBlocks(self.prefix_blocks(num_tokens), states, self.pool.block_tokens)
 
     def share_hybrid_prefix(self, prefix: HybridBlocks) -> None:

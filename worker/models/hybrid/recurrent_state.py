@@ -138,6 +138,15 @@ class RecurrentState:
         assert len(staged) == len(self.staged) and all(sorted(s.snapshots) == rows for s in staged)
         return rows
 
+    def states_through(self, num_tokens: int, length: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The states after the first `num_tokens` of `length` committed tokens and after each
+        earlier snapshot (a prefix for the prefill cache); the current one is copied."""
+        states = {n: state for n, state in self.snapshots.items() if n <= num_tokens}
+        if num_tokens == length:
+            states[num_tokens] = (self.conv_tails.clone(), self.delta_states.clone())
+        assert num_tokens in states, f"no recurrent state was kept after {num_tokens} tokens"
+        return states
+
     def thin_snapshots(self, most: int | None) -> None:
         """At most `most` snapshots (None: all): past it every other one goes, the newest kept, so
         a long prompt keeps states at a stride that doubles as it grows."""
