@@ -57,7 +57,7 @@ OTHER_TOOLS_FLAGS = {
     "--import-mode",
 }
 # Flags of the scripts run as modules: `python -m ops.eval.acceptance --record`, ops/bench_ceiling.py
-MODULE_FLAGS = {"--record", "--device"}
+MODULE_FLAGS = {"--record", "--device", "--repeats"}
 
 
 def test_generated_pages_are_current():
