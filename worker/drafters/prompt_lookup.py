@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.drafters.base import TargetStates
 from worker.drafters.ngram import NgramDrafter
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.sequence import Sequence
 from worker.speculation.tree import DraftTree
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.drafters.base import TargetStates
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.sequence import Sequence
 from worker.speculation.suffix_proposal import SuffixProposal, draft_from
 from worker.speculation.suffix_tree import NODE_BYTES, SuffixTree
