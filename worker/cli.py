@@ -1,4 +1,5 @@
-"""`arbor generate`: one prompt, in process, no Redis."""
+"""The worker's two commands: `arbor generate` (one prompt, in process, no Redis) and `arbor worker`
+(serve a model from Redis)."""
 
 from __future__ import annotations
 

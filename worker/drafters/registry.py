@@ -7,7 +7,7 @@ from typing import get_args
 
 from shared.settings import Speculation
 from worker.drafters.draft_options import DraftOptions
-from worker.drafters.prompt_lookup import PromptLookupDrafter
+from worker.drafters.ngram import PromptLookupDrafter
 from worker.engine.drafter_protocol import Drafter, DrafterError
 from worker.models.loaded_model import LoadedModel
 

@@ -1,4 +1,4 @@
-"""The capacity gate: how many tokens of K/V, lanes' recurrent states and whole contexts fit.
+"""Capacity arithmetic: how many tokens of K/V, lanes' recurrent states and whole contexts fit.
 
 Plain arithmetic over a `ModelShape` (worker/models/model_shape.py); no tensors, so `arbor
 capacity` answers before a GPU is bought and the worker answers at start-up.
