@@ -47,7 +47,10 @@ def test_every_named_section_is_a_heading_of_its_page() -> None:
     missing = []
     for path in referring_files():
         for match in SECTION_REFERENCE.finditer(path.read_text()):
-            page, section = DOCS / match.group(1), " ".join(re.sub(r"\n\s*#?", " ", match.group(2)).split())
+            page, section = (
+                DOCS / match.group(1),
+                " ".join(re.sub(r"\n\s*#?", " ", match.group(2)).split()).replace("`", ""),
+            )
             titles = [title.replace("`", "").lower() for title in headings(page)] if page.exists() else []
             if not any(section.lower() in title for title in titles):
                 missing.append(f"{path.relative_to(ROOT)}: {match.group(1)}, {section!r}")
