@@ -143,9 +143,12 @@ class WorkerSettings(BaseSettings):
     # ARBOR_DTYPE is explicit; int4/int8 weight-only; none = dense in the activation dtype
     quantize: Quantize = "auto"
     # ARBOR_KERNELS: who multiplies int4/int8 weights on a CPU. auto = Arbor's native kernels where the
-    # CPU has AVX-512 VNNI and a C compiler is found (built at first use), else PyTorch's; native;
-    # native-int8 (activations in one int8 term, as llama.cpp: faster at many rows, further from float32); torch
+    # CPU has a vector path (AVX-512 VNNI, AVX-VNNI, AVX2, ARM dotprod) and a C compiler is found (built
+    # at first use), else PyTorch's; native; native-int8 (activations in one int8 term, as llama.cpp:
+    # faster at many rows, further from float32); torch
     kernels: Literal["auto", "native", "native-int8", "torch"] = "auto"
+    # ARBOR_KERNEL_ISA: the native kernels' path, forced (tests, benchmarks); auto = the fastest this CPU runs
+    kernel_isa: Literal["auto", "portable", "avx512_vnni", "avx2", "avx_vnni", "neon_dotprod"] = "auto"
     # ARBOR_THREADS (or OMP_NUM_THREADS, the usual way to say it): the model's intra-op threads;
     # unset: worker/thread_count.py's rule, from the cores this process may use and ARBOR_WORKERS_PER_HOST
     threads: int | None = Field(None, ge=1, validation_alias=AliasChoices("ARBOR_THREADS", "OMP_NUM_THREADS"))

@@ -22,7 +22,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 NATIVE = Path(__file__).parent / "native"
 # a file a path (quant_dot.c: the portable one, dispatch and entry points); the tests cross-compile these
-QUANT_DOT_SOURCES = tuple(NATIVE / f"{name}.c" for name in ("quant_dot", "quant_dot_avx512", "quant_dot_avx2", "quant_dot_neon"))
+QUANT_DOT_SOURCES = tuple(
+    NATIVE / f"{name}.c" for name in ("quant_dot", "quant_dot_avx512", "quant_dot_avx2", "quant_dot_neon")
+)
 SOURCES = (*QUANT_DOT_SOURCES, NATIVE / "fused_layers.c")
 HEADERS = (NATIVE / "quant_dot.h", NATIVE / "quant_dot_ymm.h")  # in the cache key; included, not compiled alone
 # -ffp-contract=off: the portable path's float sums must be the fmaf calls written, no others fused

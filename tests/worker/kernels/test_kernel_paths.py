@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from worker.kernels.build import built_library, find_compiler
-from worker.kernels.cpu_features import ISA_CODES, VNNI_FLAGS, cpu_flags, runnable_isas
+from worker.kernels.cpu_features import ISA_CODES, cpu_flags, runnable_isas
 from worker.kernels.native_lib import NativeKernels, QuantizedRows, UnsupportedPathError, load_kernels
 from worker.kernels.packing import pack_int4, pack_int8
 from worker.models.quantized_weight import Int4Weight, Int8Weight
@@ -27,7 +27,7 @@ ROW_COUNTS = [1, 2, 3, 4, 5, 8, 16, 33, 64]
 def path_kernels(name: str, cache_dir: Path) -> NativeKernels:
     flags = cpu_flags()
     if name == "avx_vnni-evex":
-        if not VNNI_FLAGS <= flags or "avx2" not in flags:
+        if not {"avx512_vnni", "avx2"} <= set(runnable_isas(flags)):
             pytest.skip("the EVEX build of the AVX-VNNI path needs AVX-512 VNNI")
         compiler = find_compiler()
         assert compiler is not None
@@ -54,7 +54,11 @@ def random_weights(n: int, k: int, seed: int) -> list[tuple[int, Int4Weight | In
     mins = (torch.randn(n, k // 32, generator=gen) * 0.3).half().float()
     q4 = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
     q8 = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
-    return [(4, Int4Weight(q4, scales, -8 * scales)), (4, Int4Weight(q4, scales, mins)), (8, Int8Weight(q8, scales, 32))]
+    return [
+        (4, Int4Weight(q4, scales, -8 * scales)),
+        (4, Int4Weight(q4, scales, mins)),
+        (8, Int8Weight(q8, scales, 32)),
+    ]
 
 
 def assert_same_bits(portable: NativeKernels, vector: NativeKernels, weights, rows: QuantizedRows, n: int) -> None:
