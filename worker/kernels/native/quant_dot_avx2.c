@@ -69,32 +69,50 @@ __attribute__((target(AVX2_TARGET))) void arbor_quantize_block_avx2(const float 
 /* ---------- AVX2 dot products ---------- */
 
 /* A pair of weight (0..15) x activation (-127..127) products is at most 3,810: vpmaddubsw never
-   saturates, and eight such pairs still fit an int16 (30,480), so one vpmaddwd per block. */
-AVX2_INLINE __m256i q4_dot_avx2(const __m256i *lo, const __m256i *hi, const int8_t *a) {
+   saturates, and eight such pairs still fit an int16 (30,480), so one vpmaddwd per block, whose
+   multiplier (1, or 254 for a two-term block's first term) costs nothing. */
+AVX2_INLINE __m256i q4_pairs_avx2(const __m256i *lo, const __m256i *hi, const int8_t *a) {
     __m256i pairs = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(load4(a + 4 * c))));
         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(load4(a + 16 + 4 * c))));
     }
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return pairs;
+}
+
+AVX2_INLINE __m256i q4_dot_avx2(const __m256i *lo, const __m256i *hi, const int8_t *a) {
+    return _mm256_madd_epi16(q4_pairs_avx2(lo, hi, a), _mm256_set1_epi16(1));
+}
+
+AVX2_INLINE __m256i q4_dot_two_avx2(const __m256i *lo, const __m256i *hi, const int8_t *a, const int8_t *a2) {
+    const __m256i first = _mm256_madd_epi16(q4_pairs_avx2(lo, hi, a), _mm256_set1_epi16(RESIDUAL_STEPS));
+    return _mm256_add_epi32(first, q4_dot_avx2(lo, hi, a2));
 }
 
 /* int8 weights against int8 activations: the +128 offset of the VNNI paths would saturate
    vpmaddubsw (255 x 128 x 2), so the weight's sign moves onto the activation instead:
    |w| x sign(a, w) = w x a, pairs at most 2 x 128 x 127 = 32,512. The dot is then sum(w a)
    directly, which the other paths reach as the correction plus sum(w (a + 128)). */
-AVX2_INLINE __m256i q8_dot_avx2(const uint8_t *rec, int half, const int8_t *a) {
-    const __m256i ones = _mm256_set1_epi16(1);
+AVX2_INLINE __m256i q8_scaled_dot_avx2(const uint8_t *rec, int half, const int8_t *a, __m256i times) {
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     for (int c = 0; c < 8; c += 2) {
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rec + c * 64 + half * 32));
         const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rec + (c + 1) * 64 + half * 32));
         const __m256i a0 = _mm256_sign_epi8(_mm256_set1_epi32(load4(a + 4 * c)), w0);
         const __m256i a1 = _mm256_sign_epi8(_mm256_set1_epi32(load4(a + 4 * c + 4)), w1);
-        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), a0), ones));
-        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), a1), ones));
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), a0), times));
+        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), a1), times));
     }
     return _mm256_add_epi32(acc0, acc1);
+}
+
+AVX2_INLINE __m256i q8_dot_avx2(const uint8_t *rec, int half, const int8_t *a) {
+    return q8_scaled_dot_avx2(rec, half, a, _mm256_set1_epi16(1));
+}
+
+AVX2_INLINE __m256i q8_dot_two_avx2(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2) {
+    const __m256i first = q8_scaled_dot_avx2(rec, half, a, _mm256_set1_epi16(RESIDUAL_STEPS));
+    return _mm256_add_epi32(first, q8_dot_avx2(rec, half, a2));
 }
 
 #define YMM_NAME(x) x##_avx2
@@ -136,6 +154,16 @@ AVX_VNNI_INLINE __m256i q8_dot_avx_vnni(const uint8_t *rec, int half, const int8
         acc1 = DPBUSD256(acc1, _mm256_xor_si256(_mm256_set1_epi32(load4(a + 4 * c + 4)), flip), w1);
     }
     return _mm256_add_epi32(acc0, acc1);
+}
+
+AVX_VNNI_INLINE __m256i q4_dot_two_avx_vnni(const __m256i *lo, const __m256i *hi, const int8_t *a, const int8_t *a2) {
+    const __m256i first = _mm256_mullo_epi32(q4_dot_avx_vnni(lo, hi, a), _mm256_set1_epi32(RESIDUAL_STEPS));
+    return _mm256_add_epi32(first, q4_dot_avx_vnni(lo, hi, a2));
+}
+
+AVX_VNNI_INLINE __m256i q8_dot_two_avx_vnni(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2) {
+    const __m256i first = _mm256_mullo_epi32(q8_dot_avx_vnni(rec, half, a), _mm256_set1_epi32(RESIDUAL_STEPS));
+    return _mm256_add_epi32(first, q8_dot_avx_vnni(rec, half, a2));
 }
 
 #define YMM_NAME(x) x##_avx_vnni

@@ -3,8 +3,11 @@
  * includer defines YMM_NAME(x) (the path's name for x), YMM_TARGET (its target attribute string)
  * and, before including, the path's dot products:
  *     __m256i YMM_NAME(q4_dot)(const __m256i lo[4], const __m256i hi[4], const int8_t *a)
+ *     __m256i YMM_NAME(q4_dot_two)(const __m256i lo[4], const __m256i hi[4], const int8_t *a, const int8_t *a2)
  *     __m256i YMM_NAME(q8_dot)(const uint8_t *rec, int half, const int8_t *a)
- * each the exact int32 dot of 8 output rows with one block of activations.
+ *     __m256i YMM_NAME(q8_dot_two)(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2)
+ * each the exact int32 dot of 8 output rows with one block of activations (the _two forms:
+ * 254 dot(w, a) + dot(w, a2), two-term activations).
  *
  * 16 registers hold half a tile's work at a time: a record's 64-byte chunk is 16 rows x 4 bytes,
  * bytes 0-31 rows 0-7 (half 0) and bytes 32-63 rows 8-15 (half 1); the fp16 scales split the same way.
@@ -28,7 +31,7 @@ YMM_INLINE void YMM_NAME(store_half)(const __m256 *sum, int t0, int nr, float *o
 YMM_INLINE void YMM_NAME(q4_half_rows)(const uint8_t *tile, int groups, const int8_t *qa, const int8_t *qa2,
                                        const float *da, const int32_t *sa, int half, int t0, const int nr, int k,
                                        float *out, int n, int n0) {
-    const __m256i low = _mm256_set1_epi8(0x0f), steps = _mm256_set1_epi32(RESIDUAL_STEPS);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 sum[MAX_ROW_BLOCK];
     for (int r = 0; r < nr; r++) sum[r] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -44,8 +47,7 @@ YMM_INLINE void YMM_NAME(q4_half_rows)(const uint8_t *tile, int groups, const in
         const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + half * 16)));
         for (int r = 0; r < nr; r++) {
             const long at = (long)(t0 + r) * k + (long)g * QK, ag = (long)(t0 + r) * groups + g;
-            __m256i acc = YMM_NAME(q4_dot)(lo, hi, qa + at);
-            if (qa2) acc = _mm256_add_epi32(_mm256_mullo_epi32(acc, steps), YMM_NAME(q4_dot)(lo, hi, qa2 + at));
+            const __m256i acc = qa2 ? YMM_NAME(q4_dot_two)(lo, hi, qa + at, qa2 + at) : YMM_NAME(q4_dot)(lo, hi, qa + at);
             const float dat = da[ag], mterm = dat * (float)sa[ag];
             sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dw, _mm256_set1_ps(dat)), sum[r]);
             sum[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(mterm), sum[r]);
@@ -57,7 +59,6 @@ YMM_INLINE void YMM_NAME(q4_half_rows)(const uint8_t *tile, int groups, const in
 YMM_INLINE void YMM_NAME(q8_half_rows)(const uint8_t *tile, int groups, const int8_t *qa, const int8_t *qa2,
                                        const float *da, int half, int t0, const int nr, int k, float *out, int n,
                                        int n0) {
-    const __m256i steps = _mm256_set1_epi32(RESIDUAL_STEPS);
     __m256 sum[MAX_ROW_BLOCK];
     for (int r = 0; r < nr; r++) sum[r] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -66,8 +67,7 @@ YMM_INLINE void YMM_NAME(q8_half_rows)(const uint8_t *tile, int groups, const in
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 512 + half * 16)));
         for (int r = 0; r < nr; r++) {
             const long at = (long)(t0 + r) * k + (long)g * QK;
-            __m256i acc = YMM_NAME(q8_dot)(rec, half, qa + at);
-            if (qa2) acc = _mm256_add_epi32(_mm256_mullo_epi32(acc, steps), YMM_NAME(q8_dot)(rec, half, qa2 + at));
+            const __m256i acc = qa2 ? YMM_NAME(q8_dot_two)(rec, half, qa + at, qa2 + at) : YMM_NAME(q8_dot)(rec, half, qa + at);
             const float dat = da[(long)(t0 + r) * groups + g];
             sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dw, _mm256_set1_ps(dat)), sum[r]);
         }
