@@ -92,27 +92,27 @@ AVX2_INLINE __m256i q4_dot_two_avx2(const __m256i *lo, const __m256i *hi, const 
 /* int8 weights against int8 activations: the +128 offset of the VNNI paths would saturate
    vpmaddubsw (255 x 128 x 2), so the weight's sign moves onto the activation instead:
    |w| x sign(a, w) = w x a, pairs at most 2 x 128 x 127 = 32,512. The dot is then sum(w a)
-   directly, which the other paths reach as the correction plus sum(w (a + 128)). */
-AVX2_INLINE __m256i q8_scaled_dot_avx2(const uint8_t *rec, int half, const int8_t *a, __m256i times) {
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c += 2) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rec + c * 64 + half * 32));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rec + (c + 1) * 64 + half * 32));
-        const __m256i a0 = _mm256_sign_epi8(_mm256_set1_epi32(load4(a + 4 * c)), w0);
-        const __m256i a1 = _mm256_sign_epi8(_mm256_set1_epi32(load4(a + 4 * c + 4)), w1);
-        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), a0), times));
-        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), a1), times));
+   directly, which the other paths reach as the correction plus sum(w (a + 128)). vpmaddwd's
+   multiplier scales a two-term block's first term by 254. */
+AVX2_INLINE __m256i q8_chunk_avx2(__m256i w, __m256i abs_w, const int8_t *a, __m256i times) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(_mm256_set1_epi32(load4(a)), w)), times);
+}
+
+AVX2_INLINE void q8_dots_avx2(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2, long stride, int nr,
+                              __m256i *acc) {
+    const __m256i ones = _mm256_set1_epi16(1), steps = _mm256_set1_epi16(RESIDUAL_STEPS);
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(rec + c * 64 + half * 32)), abs_w = _mm256_abs_epi8(w);
+        for (int r = 0; r < nr; r++) {
+            if (a2) {
+                acc[r] = _mm256_add_epi32(acc[r], q8_chunk_avx2(w, abs_w, a + r * stride + 4 * c, steps));
+                acc[r] = _mm256_add_epi32(acc[r], q8_chunk_avx2(w, abs_w, a2 + r * stride + 4 * c, ones));
+            } else {
+                acc[r] = _mm256_add_epi32(acc[r], q8_chunk_avx2(w, abs_w, a + r * stride + 4 * c, ones));
+            }
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
-}
-
-AVX2_INLINE __m256i q8_dot_avx2(const uint8_t *rec, int half, const int8_t *a) {
-    return q8_scaled_dot_avx2(rec, half, a, _mm256_set1_epi16(1));
-}
-
-AVX2_INLINE __m256i q8_dot_two_avx2(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2) {
-    const __m256i first = q8_scaled_dot_avx2(rec, half, a, _mm256_set1_epi16(RESIDUAL_STEPS));
-    return _mm256_add_epi32(first, q8_dot_avx2(rec, half, a2));
 }
 
 #define YMM_NAME(x) x##_avx2
@@ -144,26 +144,27 @@ AVX_VNNI_INLINE __m256i q4_dot_avx_vnni(const __m256i *lo, const __m256i *hi, co
     return _mm256_add_epi32(acc0, acc1);
 }
 
-AVX_VNNI_INLINE __m256i q8_dot_avx_vnni(const uint8_t *rec, int half, const int8_t *a) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80); /* q_a + 128 as an unsigned byte */
-    __m256i acc0 = _mm256_loadu_si256((const __m256i *)(rec + 544 + half * 32)), acc1 = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c += 2) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rec + c * 64 + half * 32));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rec + (c + 1) * 64 + half * 32));
-        acc0 = DPBUSD256(acc0, _mm256_xor_si256(_mm256_set1_epi32(load4(a + 4 * c)), flip), w0);
-        acc1 = DPBUSD256(acc1, _mm256_xor_si256(_mm256_set1_epi32(load4(a + 4 * c + 4)), flip), w1);
-    }
-    return _mm256_add_epi32(acc0, acc1);
-}
-
 AVX_VNNI_INLINE __m256i q4_dot_two_avx_vnni(const __m256i *lo, const __m256i *hi, const int8_t *a, const int8_t *a2) {
     const __m256i first = _mm256_mullo_epi32(q4_dot_avx_vnni(lo, hi, a), _mm256_set1_epi32(RESIDUAL_STEPS));
     return _mm256_add_epi32(first, q4_dot_avx_vnni(lo, hi, a2));
 }
 
-AVX_VNNI_INLINE __m256i q8_dot_two_avx_vnni(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2) {
-    const __m256i first = _mm256_mullo_epi32(q8_dot_avx_vnni(rec, half, a), _mm256_set1_epi32(RESIDUAL_STEPS));
-    return _mm256_add_epi32(first, q8_dot_avx_vnni(rec, half, a2));
+/* the activation goes in as q_a + 128 (an unsigned byte); the record's correction takes the 128s out */
+AVX_VNNI_INLINE void q8_dots_avx_vnni(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2, long stride,
+                                      int nr, __m256i *acc) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), correction = _mm256_loadu_si256((const __m256i *)(rec + 544 + half * 32));
+    __m256i acc2[MAX_ROW_BLOCK];
+    for (int r = 0; r < nr; r++) acc[r] = acc2[r] = correction;
+    for (int c = 0; c < 8; c++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(rec + c * 64 + half * 32));
+        for (int r = 0; r < nr; r++) {
+            acc[r] = DPBUSD256(acc[r], _mm256_xor_si256(_mm256_set1_epi32(load4(a + r * stride + 4 * c)), flip), w);
+            if (a2) acc2[r] = DPBUSD256(acc2[r], _mm256_xor_si256(_mm256_set1_epi32(load4(a2 + r * stride + 4 * c)), flip), w);
+        }
+    }
+    if (a2) {
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_add_epi32(_mm256_mullo_epi32(acc[r], _mm256_set1_epi32(RESIDUAL_STEPS)), acc2[r]);
+    }
 }
 
 #define YMM_NAME(x) x##_avx_vnni

@@ -4,10 +4,11 @@
  * and, before including, the path's dot products:
  *     __m256i YMM_NAME(q4_dot)(const __m256i lo[4], const __m256i hi[4], const int8_t *a)
  *     __m256i YMM_NAME(q4_dot_two)(const __m256i lo[4], const __m256i hi[4], const int8_t *a, const int8_t *a2)
- *     __m256i YMM_NAME(q8_dot)(const uint8_t *rec, int half, const int8_t *a)
- *     __m256i YMM_NAME(q8_dot_two)(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2)
- * each the exact int32 dot of 8 output rows with one block of activations (the _two forms:
- * 254 dot(w, a) + dot(w, a2), two-term activations).
+ *     void YMM_NAME(q8_dots)(const uint8_t *rec, int half, const int8_t *a, const int8_t *a2, long stride,
+ *                            int nr, __m256i acc[nr])
+ * each the exact int32 dot of 8 output rows with one block of activations (the _two form and a2
+ * not NULL: 254 dot(w, a) + dot(w, a2), two-term activations); q8_dots for nr rows at once, a
+ * row `stride` bytes after the last, so that each weight chunk is prepared once for all of them.
  *
  * 16 registers hold half a tile's work at a time: a record's 64-byte chunk is 16 rows x 4 bytes,
  * bytes 0-31 rows 0-7 (half 0) and bytes 32-63 rows 8-15 (half 1); the fp16 scales split the same way.
@@ -65,11 +66,12 @@ YMM_INLINE void YMM_NAME(q8_half_rows)(const uint8_t *tile, int groups, const in
         const uint8_t *rec = tile + (long)g * Q8_RECORD;
         for (int line = 0; line < Q8_RECORD; line += 64) _mm_prefetch((const char *)(rec + PREFETCH_BYTES + line), _MM_HINT_T0);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 512 + half * 16)));
+        const long at = (long)t0 * k + (long)g * QK;
+        __m256i acc[MAX_ROW_BLOCK];
+        YMM_NAME(q8_dots)(rec, half, qa + at, qa2 ? qa2 + at : NULL, k, nr, acc);
         for (int r = 0; r < nr; r++) {
-            const long at = (long)(t0 + r) * k + (long)g * QK;
-            const __m256i acc = qa2 ? YMM_NAME(q8_dot_two)(rec, half, qa + at, qa2 + at) : YMM_NAME(q8_dot)(rec, half, qa + at);
             const float dat = da[(long)(t0 + r) * groups + g];
-            sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dw, _mm256_set1_ps(dat)), sum[r]);
+            sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(dw, _mm256_set1_ps(dat)), sum[r]);
         }
     }
     YMM_NAME(store_half)(sum, t0, nr, out, n, n0 + 8 * half);
