@@ -50,19 +50,28 @@ class KernelChoice:
         return f"native kernels ({self.isa}, {self.activations} activations): {self.reason}"
 
 
-def runnable_isas(flags: Collection[str]) -> list[str]:
-    """The paths a CPU with these flags runs, fastest first; "portable" always, last."""
+def runnable_isas(flags: Collection[str], built: Collection[str] | None = None) -> list[str]:
+    """The paths a CPU with these flags runs, fastest first; "portable" always, last. `built`: the
+    paths the library has (None: all; an older compiler builds no AVX-VNNI path)."""
     have = set(flags)
-    return [isa for isa, needed in ISA_FLAGS.items() if needed <= have] + ["portable"]
+    found = [isa for isa, needed in ISA_FLAGS.items() if needed <= have and (built is None or isa in built)]
+    return [*found, "portable"]
 
 
-def best_isa(flags: Collection[str]) -> str:
-    return runnable_isas(flags)[0]
+def best_isa(flags: Collection[str], built: Collection[str] | None = None) -> str:
+    return runnable_isas(flags, built)[0]
 
 
-def choose_kernels(requested: str, flags: Collection[str], compiler: str | None, isa: str = "auto") -> KernelChoice:
+def choose_kernels(
+    requested: str,
+    flags: Collection[str],
+    compiler: str | None,
+    isa: str = "auto",
+    built: Collection[str] | None = None,
+) -> KernelChoice:
     """`requested` is one of KERNEL_CHOICES; `compiler` the C compiler found (None: none); `isa`
-    one of ISA_CHOICES. A forced `isa` this CPU cannot run is refused, naming what it lacks."""
+    one of ISA_CHOICES; `built` as runnable_isas takes it. A forced `isa` this CPU (or build)
+    cannot run is refused, naming what it lacks."""
     if requested not in KERNEL_CHOICES:
         raise ValueError(f"kernels={requested!r}: choose from {', '.join(KERNEL_CHOICES)}")
     if isa not in ISA_CHOICES:
@@ -73,11 +82,11 @@ def choose_kernels(requested: str, flags: Collection[str], compiler: str | None,
         return KernelChoice("torch", None, "no C compiler (cc/gcc/clang) to build the native kernels")
     activations = "int8" if requested == "native-int8" else "int16"
     if isa != "auto":
-        if isa not in runnable_isas(flags):
-            missing = ", ".join(sorted(ISA_FLAGS[isa] - set(flags)))
+        if isa not in runnable_isas(flags, built):
+            missing = ", ".join(sorted(ISA_FLAGS[isa] - set(flags))) or "nothing: the library was built without it"
             raise ValueError(f"kernel isa={isa!r}: this CPU lacks {missing}")
-        return KernelChoice("native", isa, "path forced", activations)
-    chosen = best_isa(flags)
+        return KernelChoice("native", isa, "path forced (--kernel-isa, ARBOR_KERNEL_ISA)", activations)
+    chosen = best_isa(flags, built)
     if chosen == "portable" and requested == "auto":
         return KernelChoice("torch", None, "no vector path for this CPU (" + _vector_paths() + ")")
     features = ", ".join(sorted(ISA_FLAGS.get(chosen, frozenset()) & set(flags))) or "none"

@@ -117,7 +117,9 @@ def kernel_choice(requested: str = "auto", isa: str = "auto") -> KernelChoice:
     path to force); logged once per process."""
     choice = choose_kernels(requested, cpu_flags(), find_compiler(), isa)
     if choice.kernels == "native":
-        try:
+        try:  # the library's own check narrows the choice (a compiler too old for a path builds none)
+            built = load_kernels("portable").runnable_paths()
+            choice = choose_kernels(requested, cpu_flags(), find_compiler(), isa, built)
             load_kernels(choice.isa or "portable")
         except Exception as error:  # a failed build or load: serve with torch, say why in one line
             choice = KernelChoice("torch", None, f"native kernels unavailable: {error}")

@@ -99,3 +99,11 @@ def test_arm_features_are_read_from_cpuinfo(tmp_path: Path) -> None:
     )
     flags = cpu_flags(cpuinfo)
     assert "asimddp" in flags and "fp" in flags and choose_kernels("auto", flags, "cc").isa == "neon_dotprod"
+
+
+def test_a_path_the_library_lacks_falls_to_the_next_one() -> None:
+    built_without_avx_vnni = ("portable", "avx2", "avx512_vnni")  # gcc before 11 builds no AVX-VNNI path
+    assert choose_kernels("auto", ALDER_LAKE, "cc", built=built_without_avx_vnni).isa == "avx2"
+    assert choose_kernels("auto", GRAVITON2, "cc", built=("portable",)).kernels == "torch"
+    with pytest.raises(ValueError, match="built without it"):
+        choose_kernels("auto", ALDER_LAKE, "cc", isa="avx_vnni", built=built_without_avx_vnni)
