@@ -48,8 +48,10 @@ def native_costs(isa: str, n: int, k: int, row_counts: list[int], repeats: int) 
 
 def aten_costs(n: int, k: int, row_counts: list[int], repeats: int) -> dict[str, float]:
     packed = pack_int4_for_aten(quantize_int4(torch.randn(n, k)), "cpu")
-    inputs = {rows: torch.randn(rows, k, dtype=torch.bfloat16) for rows in row_counts}
-    return {f"q4 {rows}": median_us(lambda x=x: packed.matmul(x), repeats) for rows, x in inputs.items()}
+    inputs = {rows: torch.randn(rows, k) for rows in row_counts}  # float32, cast as a forward casts them
+    return {
+        f"q4 {rows}": median_us(lambda x=x: packed.matmul(x.to(torch.bfloat16)), repeats) for rows, x in inputs.items()
+    }
 
 
 def main() -> None:
