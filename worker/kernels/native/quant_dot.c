@@ -43,6 +43,9 @@
 
 static const arbor_path *path_for(int isa);
 
+#if ARBOR_X86
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
@@ -178,13 +181,24 @@ const arbor_path arbor_path_portable = {arbor_quantize_block_portable, q4_tile_p
 
 /* ---------- dispatch ---------- */
 
+#if ARBOR_X86
+/* one CPUID feature bit (register 0-3: eax, ebx, ecx, edx), for the features clang before 15 and
+   gcc before 11 cannot name to __builtin_cpu_supports (f16c, avxvnni) */
+static int cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+    unsigned r[4] = {0, 0, 0, 0};
+    if (!__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3])) return 0;
+    return (int)((r[reg] >> bit) & 1);
+}
+#endif
+
 /* 1 when this CPU runs path `isa` and this build has it (checked at run time, whatever the build
-   machine was): loading never runs an instruction the CPU lacks */
+   machine was): loading never runs an instruction the CPU lacks. __builtin_cpu_supports("avx2")
+   also checks that the OS saves the 256-bit registers. */
 int arbor_cpu_supports(int isa) {
     if (isa == ISA_PORTABLE) return 1;
 #if ARBOR_X86
     __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpuid_bit(1, 0, 2, 29);
     if (isa == ISA_AVX512_VNNI) {
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -193,7 +207,7 @@ int arbor_cpu_supports(int isa) {
 #if ARBOR_HAVE_AVX_VNNI && defined(ARBOR_AVX_VNNI_VIA_EVEX)
     if (isa == ISA_AVX_VNNI) return avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #elif ARBOR_HAVE_AVX_VNNI
-    if (isa == ISA_AVX_VNNI) return avx2 && __builtin_cpu_supports("avxvnni");
+    if (isa == ISA_AVX_VNNI) return avx2 && cpuid_bit(7, 1, 0, 4);
 #endif
 #endif
 #if defined(__aarch64__)

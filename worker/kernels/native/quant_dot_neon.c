@@ -70,12 +70,23 @@ NEON_INLINE float32x4_t halves(const uint8_t *p) { return vcvt_f32_f16(vreinterp
 
 NEON_INLINE int8x16_t splat4(const int8_t *a) { return vreinterpretq_s8_s32(vdupq_n_s32(load4(a))); }
 
+/* clang before 16 declares vdotq_s32 only when the whole file is built for dotprod (-march), which
+   would let the compiler use it anywhere: there the instruction is written out instead */
+NEON_INLINE int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__clang__) && __clang_major__ < 16 && !defined(__ARM_FEATURE_DOTPROD)
+    __asm__(".arch armv8.2-a+dotprod\n\tsdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
+    return acc;
+#else
+    return vdotq_s32(acc, a, b);
+#endif
+}
+
 /* quarter j's 4 rows: the exact int32 dot with one block of activations */
 NEON_INLINE int32x4_t q4_dot_neon(const int8x16_t lo[4][4], const int8x16_t hi[4][4], int j, const int8_t *a) {
     int32x4_t acc = vdupq_n_s32(0);
     for (int c = 0; c < 4; c++) {
-        acc = vdotq_s32(acc, lo[c][j], splat4(a + 4 * c));
-        acc = vdotq_s32(acc, hi[c][j], splat4(a + 16 + 4 * c));
+        acc = sdot(acc, lo[c][j], splat4(a + 4 * c));
+        acc = sdot(acc, hi[c][j], splat4(a + 16 + 4 * c));
     }
     return acc;
 }
@@ -84,7 +95,7 @@ NEON_INLINE int32x4_t q4_dot_neon(const int8x16_t lo[4][4], const int8x16_t hi[4
    plus sum(w (a + 128)) */
 NEON_INLINE int32x4_t q8_dot_neon(const uint8_t *rec, int j, const int8_t *a) {
     int32x4_t acc = vdupq_n_s32(0);
-    for (int c = 0; c < 8; c++) acc = vdotq_s32(acc, vld1q_s8((const int8_t *)(rec + c * 64 + 16 * j)), splat4(a + 4 * c));
+    for (int c = 0; c < 8; c++) acc = sdot(acc, vld1q_s8((const int8_t *)(rec + c * 64 + 16 * j)), splat4(a + 4 * c));
     return acc;
 }
 
