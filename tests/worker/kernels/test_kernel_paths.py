@@ -154,3 +154,15 @@ def test_a_row_alone_is_the_row_in_a_batch_and_on_two_threads(vector: NativeKern
         for row in (0, 7, 15):
             alone = vector.matmul(packed, bits, vector.quantize_rows(x[row : row + 1].contiguous(), two_term), n)
             assert torch.equal(alone[0], batch[row]), (vector.isa, bits, row)
+
+
+def test_a_library_built_with_clang_computes_the_same_bits(portable: NativeKernels, clang: str, tmp_path: Path) -> None:
+    library = built_library(clang, tmp_path)
+    n, k = 40, 160
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(9)) * 3
+    for isa in portable.runnable_paths():
+        built_by_clang = NativeKernels(library, isa)
+        for two_term in (True, False):
+            want, got = portable.quantize_rows(x, two_term), built_by_clang.quantize_rows(x, two_term)
+            assert torch.equal(want.q, got.q) and torch.equal(want.sums, got.sums), isa
+            assert_same_bits(portable, built_by_clang, random_weights(n, k, seed=2), want, n)

@@ -33,12 +33,26 @@ pytestmark = pytest.mark.skipif(
 Case = tuple[int, bool, Int4Weight | Int8Weight, torch.Tensor]  # bits, two_term, weight, x [rows, k]
 
 
+EXECUTABLE_FLAGS = [flag for flag in FLAGS if flag not in ("-shared", "-fPIC")]
+
+
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     binary = tmp_path_factory.mktemp("neon") / "neon_driver"
-    flags = [flag for flag in FLAGS if flag not in ("-shared", "-fPIC")]
-    command = [CROSS_COMPILER, *flags, "-o", str(binary), str(DRIVER), *map(str, QUANT_DOT_SOURCES), "-lm"]
+    command = [CROSS_COMPILER, *EXECUTABLE_FLAGS, "-o", str(binary), str(DRIVER), *map(str, QUANT_DOT_SOURCES), "-lm"]
     subprocess.run(command, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+    return binary
+
+
+def clang_driver(clang: str, folder: Path) -> Path:
+    """The driver compiled by clang for aarch64 (linked by the cross gcc, which knows the sysroot)."""
+    objects = []
+    for source in (DRIVER, *QUANT_DOT_SOURCES):
+        objects.append(str(folder / f"{source.stem}.o"))
+        command = [clang, "--target=aarch64-linux-gnu", *EXECUTABLE_FLAGS, "-c", str(source), "-o", objects[-1]]
+        subprocess.run(command, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+    binary = folder / "neon_driver_clang"
+    subprocess.run([CROSS_COMPILER, "-pthread", "-o", str(binary), *objects, "-lm"], check=True, timeout=RUN_TIMEOUT_S)
     return binary
 
 
@@ -92,13 +106,22 @@ def host_portable_bytes(portable: NativeKernels, bits: int, two_term: bool, weig
 
 @pytest.mark.parametrize(("cpu", "isa"), [("neoverse-n1", "neon_dotprod"), ("cortex-a53", "portable")])
 def test_aarch64_computes_the_host_portable_bits(driver: Path, tmp_path: Path, cpu: str, isa: str) -> None:
+    assert_host_portable_bits(run_driver(driver, cpu, cases(), tmp_path), isa)
+
+
+def test_a_clang_build_computes_them_too(clang: str, tmp_path: Path) -> None:
+    assert_host_portable_bits(
+        run_driver(clang_driver(clang, tmp_path), "neoverse-n1", cases(), tmp_path), "neon_dotprod"
+    )
+
+
+def assert_host_portable_bits(output: bytes, isa: str) -> None:
     all_cases = cases()
-    output = run_driver(driver, cpu, all_cases, tmp_path)
     assert struct.unpack_from("<i", output)[0] == ISA_CODES[isa], "the library chose another path"
     portable = load_kernels("portable")
     at = 4
     for index, (bits, two_term, weight, x) in enumerate(all_cases):
         want = host_portable_bytes(portable, bits, two_term, weight, x)
-        assert output[at : at + len(want)] == want, (cpu, index, bits, two_term, tuple(x.shape), weight.shape)
+        assert output[at : at + len(want)] == want, (isa, index, bits, two_term, tuple(x.shape), weight.shape)
         at += len(want)
     assert at == len(output)
