@@ -12,12 +12,14 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
-from worker.kernels.native_lib import load_kernels
+from worker.kernels.native_lib import NativeKernels, load_kernels
 from worker.kernels.packing import as_native_sees, pack_int4, pack_int8
 from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from worker.models.weight_packing import PackedInt4
 from worker.models.weight_packing import pack_int4 as pack_int4_for_aten
 
 
@@ -39,19 +41,23 @@ def native_costs(isa: str, n: int, k: int, row_counts: list[int], repeats: int) 
     costs = {}
     for bits, packed in ((4, pack_int4(int4)), (8, pack_int8(int8))):
         for rows in row_counts:
-            x = torch.randn(rows, k)
-            costs[f"q{bits} {rows}"] = median_us(
-                lambda x=x, packed=packed, bits=bits: kernels.matmul(packed, bits, kernels.quantize_rows(x), n), repeats
-            )
+            forward = partial(native_forward, kernels, packed, bits, torch.randn(rows, k), n)
+            costs[f"q{bits} {rows}"] = median_us(forward, repeats)
     return costs
+
+
+def native_forward(kernels: NativeKernels, packed: torch.Tensor, bits: int, x: torch.Tensor, n: int) -> torch.Tensor:
+    return kernels.matmul(packed, bits, kernels.quantize_rows(x), n)
 
 
 def aten_costs(n: int, k: int, row_counts: list[int], repeats: int) -> dict[str, float]:
     packed = pack_int4_for_aten(quantize_int4(torch.randn(n, k)), "cpu")
     inputs = {rows: torch.randn(rows, k) for rows in row_counts}  # float32, cast as a forward casts them
-    return {
-        f"q4 {rows}": median_us(lambda x=x: packed.matmul(x.to(torch.bfloat16)), repeats) for rows, x in inputs.items()
-    }
+    return {f"q4 {rows}": median_us(partial(aten_forward, packed, x), repeats) for rows, x in inputs.items()}
+
+
+def aten_forward(packed: PackedInt4, x: torch.Tensor) -> torch.Tensor:
+    return packed.matmul(x.to(torch.bfloat16))
 
 
 def main() -> None:
