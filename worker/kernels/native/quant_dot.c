@@ -31,7 +31,8 @@
  *           q[r, 32g + 4c + b], its high nibble q[r, 32g + 16 + 4c + b]; then d[16], m[16] fp16.
  *     int8: 8 x 64 bytes: chunk c, lane r holds q[r, 32g + 4c .. 4c + 3]; then d[16] fp16 and
  *           c[16] int32 = -128 * sum of the block's q (vpdpbusd multiplies unsigned by signed
- *           bytes: the activation goes in as q_a + 128 and this takes the 128s back out).
+ *           bytes: the activation goes in as q_a + 128 and this takes the 128s back out; the AVX2
+ *           and NEON paths compute sum(q_w q_a) directly, the same int32).
  * Rows past N in the last tile are zeros.
  */
 #include <math.h>
@@ -40,8 +41,6 @@
 #include <string.h>
 
 #include "quant_dot.h"
-
-static const arbor_path *path_for(int isa);
 
 #if ARBOR_X86
 #include <cpuid.h>
@@ -52,6 +51,8 @@ static const arbor_path *path_for(int isa);
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
 #endif
+
+static const arbor_path *path_for(int isa);
 
 int arbor_q4_record_bytes(void) { return Q4_RECORD; }
 int arbor_q8_record_bytes(void) { return Q8_RECORD; }
