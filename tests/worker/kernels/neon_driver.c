@@ -1,7 +1,7 @@
 /*
  * Runs native/quant_dot*.c's entry points on cases read from a file, on the path the library itself
  * picks (arbor_best_isa: NEON with dot products where the CPU has it, else portable), and writes what
- * they computed; test_neon_qemu.py cross-compiles it for aarch64 and runs it under qemu.
+ * they computed; test_kernels_under_qemu.py cross-compiles it for aarch64 and runs it under qemu.
  *
  * Input, repeated to the end of the file: int32 bits, two_term, rows, k, n, packed_bytes; the packed
  * weight (packed_bytes); x (rows * k float32).

@@ -1,11 +1,14 @@
-"""The NEON path under qemu: quant_dot*.c cross-compiled for aarch64 with neon_driver.c, run as a
-Neoverse N1 (dot products: the neon_dotprod path) and as a Cortex-A53 (none: the library must pick
-the portable path, not die of SIGILL), computes the host portable path's bits for the same inputs.
+"""The kernels on CPUs this machine is not, under qemu: quant_dot*.c cross-compiled for aarch64 with
+neon_driver.c, run as a Neoverse N1 (dot products: the neon_dotprod path) and as a Cortex-A53 (none:
+the library must pick the portable path, not die of SIGILL), computes the host portable path's bits
+for the same inputs; so does the x86 build run as a Westmere (no AVX: portable) and as qemu's
+`max` CPU (AVX2 without AVX-512: the avx2 path).
 
 Needs Debian's qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross (`make ci-tools`)."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import struct
 import subprocess
@@ -21,6 +24,7 @@ from worker.kernels.packing import pack_int4, pack_int8
 from worker.models.quantized_weight import Int4Weight, Int8Weight
 
 CROSS_COMPILER, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", Path("/usr/aarch64-linux-gnu")
+QEMU_X86 = "qemu-x86_64"
 DRIVER = Path(__file__).parent / "neon_driver.c"
 RUN_TIMEOUT_S = 300
 
@@ -84,7 +88,7 @@ def packed(bits: int, weight: Int4Weight | Int8Weight) -> torch.Tensor:
     return pack_int4(weight) if isinstance(weight, Int4Weight) else pack_int8(weight)
 
 
-def run_driver(driver: Path, cpu: str, all_cases: list[Case], folder: Path) -> bytes:
+def run_driver(driver: Path, cpu: str, all_cases: list[Case], folder: Path, qemu: list[str] | None = None) -> bytes:
     inputs, outputs = folder / f"{cpu}.in", folder / f"{cpu}.out"
     with inputs.open("wb") as file:
         for bits, two_term, weight, x in all_cases:
@@ -92,7 +96,7 @@ def run_driver(driver: Path, cpu: str, all_cases: list[Case], folder: Path) -> b
             rows, k = x.shape
             file.write(struct.pack("<6i", bits, int(two_term), rows, k, weight.shape[0], len(weight_bytes)))
             file.write(weight_bytes + x.numpy().tobytes())
-    command = [QEMU, "-L", str(SYSROOT), "-cpu", cpu, str(driver), str(inputs), str(outputs)]
+    command = [*(qemu or [QEMU, "-L", str(SYSROOT)]), "-cpu", cpu, str(driver), str(inputs), str(outputs)]
     subprocess.run(command, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
     return outputs.read_bytes()
 
@@ -113,6 +117,17 @@ def test_a_clang_build_computes_them_too(clang: str, tmp_path: Path) -> None:
     assert_host_portable_bits(
         run_driver(clang_driver(clang, tmp_path), "neoverse-n1", cases(), tmp_path), "neon_dotprod"
     )
+
+
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which(QEMU_X86) is None, reason="not x86, or no qemu-x86_64"
+)
+@pytest.mark.parametrize(("cpu", "isa"), [("Westmere", "portable"), ("max", "avx2")])
+def test_x86_cpus_without_avx512_pick_their_path_and_compute_the_same_bits(tmp_path: Path, cpu: str, isa: str) -> None:
+    binary = tmp_path / "driver_x86"
+    command = ["cc", *EXECUTABLE_FLAGS, "-o", str(binary), str(DRIVER), *map(str, QUANT_DOT_SOURCES), "-lm"]
+    subprocess.run(command, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+    assert_host_portable_bits(run_driver(binary, cpu, cases(), tmp_path, [QEMU_X86]), isa)
 
 
 def assert_host_portable_bits(output: bytes, isa: str) -> None:
