@@ -182,11 +182,15 @@ class WorkerSettings(BaseSettings):
     # ARBOR_QUANTIZE: linear weights: `int4`/`int8` weight-only, `none` (dense in the activation dtype), `auto`
     # (as the file holds them: a Q4 GGUF stays int4, unless `ARBOR_DTYPE` is explicit)
     quantize: Quantize = "auto"
-    # ARBOR_KERNELS: who multiplies int4/int8 weights on a CPU: `native` (Arbor's AVX-512 VNNI kernels and fused
-    # layers, built with the machine's C compiler at first use), `native-int8` (the same with one-term int8
-    # activations, as llama.cpp), `torch` (PyTorch's aten kernels); `auto` is `native` where the CPU has AVX-512
-    # VNNI and a compiler is found
+    # ARBOR_KERNELS: who multiplies int4/int8 weights on a CPU: `native` (Arbor's kernels for AVX-512 VNNI,
+    # AVX-VNNI, AVX2 or ARM dotprod, and fused layers, built with the machine's C compiler at first use; the
+    # portable C path elsewhere), `native-int8` (the same with one-term int8 activations, as llama.cpp), `torch`
+    # (PyTorch's aten kernels); `auto` is `native` where the CPU has one of those vector paths and a compiler is
+    # found
     kernels: Literal["auto", "native", "native-int8", "torch"] = "auto"
+    # ARBOR_KERNEL_ISA: the native kernels' path, forced (tests, benchmarks): `portable`, `avx512_vnni`, `avx2`,
+    # `avx_vnni`, `neon_dotprod`; one the CPU lacks is refused; `auto` is the fastest it runs
+    kernel_isa: Literal["auto", "portable", "avx512_vnni", "avx2", "avx_vnni", "neon_dotprod"] = "auto"
     # ARBOR_THREADS: the model's intra-op threads; unset: `max(1, cores // ARBOR_WORKERS_PER_HOST)`, the worker's
     # share of the cores it may use (oversubscribing cost 4x: `worker/thread_count.py`) (`OMP_NUM_THREADS` is read
     # when this is unset)

@@ -68,3 +68,18 @@ def test_an_unknown_tool_parser_is_refused():
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--tool-parser", "nonsense"])
+
+
+def test_the_kernel_isa_comes_from_the_flag_or_the_environment(monkeypatch):
+    from typing import get_args
+
+    from shared.settings import WorkerSettings
+    from worker.cli import KERNEL_ISA_CHOICES
+    from worker.kernels.cpu_features import ISA_CHOICES
+
+    assert KERNEL_ISA_CHOICES == ISA_CHOICES == get_args(WorkerSettings.model_fields["kernel_isa"].annotation)
+    monkeypatch.delenv("ARBOR_KERNEL_ISA", raising=False)
+    assert worker_settings(build_parser().parse_args(["worker"])).kernel_isa == "auto"
+    monkeypatch.setenv("ARBOR_KERNEL_ISA", "avx2")
+    assert worker_settings(build_parser().parse_args(["worker"])).kernel_isa == "avx2"
+    assert worker_settings(build_parser().parse_args(["worker", "--kernel-isa", "portable"])).kernel_isa == "portable"

@@ -51,6 +51,7 @@ def load_model(
     quantize: str = "auto",
     row_plan: RowPlan | None = None,
     kernels: str = "auto",
+    kernel_isa: str = "auto",
 ) -> LoadedModel:
     """`dtype` is the activation dtype ("auto": weight_formats.py); `quantize` the linears' format.
 
@@ -58,7 +59,8 @@ def load_model(
     two formats gets `row_plan`, or else one measured here (row_timing.py, a few seconds for
     SmolLM2) for its prefill chunks. Every forward with logits runs in the body's format, by rule:
     timing never decides the numbers a request's tokens come from. `kernels` (auto|native|torch)
-    says who multiplies quantized weights on a CPU (worker/kernels/cpu_features.py).
+    says who multiplies quantized weights on a CPU and `kernel_isa` (auto or a path) which native path
+    (worker/kernels/cpu_features.py).
     """
     dtype_name = _dtype_name(dtype)
     checkpoint = read_checkpoint(path, cache_dir, keep_quantized=True)
@@ -68,7 +70,7 @@ def load_model(
         return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), dtype_name, device, quantize)
     config = ModelConfig.from_hf(checkpoint.config)
     device_type = torch.device(device).type
-    choice = kernel_choice(kernels) if device_type == "cpu" else None
+    choice = kernel_choice(kernels, kernel_isa) if device_type == "cpu" else None
     native_isa = choice.isa if choice is not None and choice.kernels == "native" else None
     activations = choice.activations if choice is not None else "int16"
     formats = linear_formats(
