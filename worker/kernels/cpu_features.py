@@ -22,7 +22,8 @@ from pathlib import Path
 # further from float32) instead of two (16-bit precision); see native/quant_dot.c
 KERNEL_CHOICES = ("auto", "native", "native-int8", "torch")
 VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
-ISA_CODES = {"portable": 0, "avx512_vnni": 1}  # the `isa` argument of the C entry points
+# the `isa` argument of the C entry points
+ISA_CODES = {"portable": 0, "avx512_vnni": 1, "avx2": 2, "avx_vnni": 3, "neon_dotprod": 4}
 
 
 @dataclass(frozen=True, slots=True)

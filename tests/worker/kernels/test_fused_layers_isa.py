@@ -1,0 +1,160 @@
+"""The fused native layers (native/fused_layers.c) give the portable C path's bits on every vector
+path this machine runs (AVX-512, AVX2, AVX-VNNI's float kernels), on one thread and two, for decode
+rows of several lanes, a chain, a tree beside a decode lane, and a prefill chunk; tiny random
+Qwen3 (q/k norms) and Qwen2 (q/k/v bias, head_dim 32) models in the int4 native format.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.tiny_drafters import speculation_checkpoints
+from tests.support.tiny_models import make_tiny_model
+from worker.kernels.build import find_compiler
+from worker.kernels.cpu_features import cpu_flags
+from worker.kernels.fused_layers import FusedLayers, RowTables
+from worker.kernels.native_lib import load_kernels
+from worker.models.loader import LoadedModel, load_model
+
+pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no C compiler for the native kernels")
+
+# the vector paths and the CPU flags each needs
+PATH_FLAGS = {
+    "avx512_vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    "avx2": {"avx2", "fma"},
+    "avx_vnni": {"avx2", "fma"},  # its float kernels are AVX2's
+}
+VECTOR_PATHS = [isa for isa, flags in PATH_FLAGS.items() if flags <= cpu_flags()]
+
+
+@dataclass(slots=True)
+class Lane:
+    start: int  # committed keys
+    num_rows: int
+    tree: torch.Tensor | None = None  # [rows, rows] bool
+
+
+# a tree of 7 nodes: root 0; 1, 2 under 0; 3 under 1; 4, 5 under 2; 6 under 4
+PARENTS = (-1, 0, 0, 1, 2, 2, 4)
+
+
+def tree_mask(parents: tuple[int, ...]) -> torch.Tensor:
+    mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    for node in range(len(parents)):
+        ancestor = node
+        while ancestor >= 0:
+            mask[node, ancestor] = True
+            ancestor = parents[ancestor]
+    return mask
+
+
+CASES = {
+    "decode rows": [Lane(5, 1), Lane(37, 1), Lane(0, 1), Lane(16, 1)],
+    "chain": [Lane(20, 6)],
+    "tree beside a decode lane": [Lane(33, 7, tree_mask(PARENTS)), Lane(11, 1)],
+    "prefill chunk": [Lane(17, 40)],
+}
+
+
+@functools.cache
+def model(family: str) -> LoadedModel:
+    if family == "qwen3":
+        folder = speculation_checkpoints("qwen3").target
+    else:  # q/k/v bias, two 32-wide heads: the vector loops run more than once a head
+        folder = make_tiny_model(
+            Path(tempfile.mkdtemp(prefix="arbor-fused-isa-")) / family,
+            family,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    return load_model(folder, dtype="auto", quantize="int4", kernels="native")
+
+
+def fused_layers(family: str, isa: str, threads: int) -> FusedLayers:
+    loaded = model(family)
+    formats = loaded.formats
+    assert formats is not None and formats.kernels == "native"
+    kernels = load_kernels(formats.native_isa or "portable")
+    index = formats.formats.index(formats.body)
+    return FusedLayers(loaded.decoder, kernels, index, two_term=True, threads=threads, isa=isa)
+
+
+@dataclass(slots=True)
+class Inputs:
+    x: torch.Tensor  # [rows, hidden]
+    cos: torch.Tensor  # [rows, head_dim]
+    sin: torch.Tensor
+    keys: torch.Tensor  # [layers, kv_heads, slots, head_dim]
+    values: torch.Tensor
+    tables: RowTables
+
+
+def inputs(family: str, lanes: list[Lane]) -> Inputs:
+    """Random rows and a random K/V storage, each lane's slots scattered through it."""
+    config = model(family).config
+    generator = torch.Generator().manual_seed(7)
+    num_rows = sum(lane.num_rows for lane in lanes)
+    num_slots = sum(lane.start + lane.num_rows for lane in lanes) + 5
+    storage = (config.num_hidden_layers, config.num_key_value_heads, num_slots, config.head_dim)
+    order = torch.randperm(num_slots, generator=generator).to(torch.int32)
+    lane_slots, used = [], 0
+    for lane in lanes:
+        lane_slots.append(order[used : used + lane.start + lane.num_rows])
+        used += lane.start + lane.num_rows
+    return Inputs(
+        torch.randn(num_rows, config.hidden_size, generator=generator),
+        torch.rand(num_rows, config.head_dim, generator=generator) * 2 - 1,
+        torch.rand(num_rows, config.head_dim, generator=generator) * 2 - 1,
+        torch.randn(storage, generator=generator),
+        torch.randn(storage, generator=generator),
+        RowTables.build(lanes, lane_slots, [lane.tree for lane in lanes]),
+    )
+
+
+def run(family: str, isa: str, threads: int, lanes: list[Lane]) -> dict[str, torch.Tensor]:
+    """One fused forward; everything it wrote."""
+    given = inputs(family, lanes)
+    hidden = {0: torch.empty_like(given.x)}
+    layers = fused_layers(family, isa, threads)
+    layers.forward(given.x, given.cos, given.sin, given.tables, given.keys, given.values, hidden)
+    return {"x": given.x, "keys": given.keys, "values": given.values, "hidden after layer 0": hidden[0]}
+
+
+def assert_same_bits(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    for name, tensor in expected.items():
+        assert torch.equal(got[name].view(torch.int32), tensor.view(torch.int32)), name
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_every_vector_path_gives_the_portable_paths_bits(family: str, case: str) -> None:
+    if not VECTOR_PATHS:
+        pytest.skip("this CPU runs no x86 vector path")
+    expected = run(family, "portable", 1, CASES[case])
+    for isa in VECTOR_PATHS:
+        for threads in (1, 2):
+            assert_same_bits(run(family, isa, threads, CASES[case]), expected)
+
+
+def test_the_compared_forward_moves_every_row_and_writes_only_the_new_keys() -> None:
+    lanes = CASES["tree beside a decode lane"]
+    before, after = inputs("qwen3", lanes), run("qwen3", "portable", 1, lanes)
+    config = model("qwen3").config
+    assert torch.isfinite(after["x"]).all() and (after["x"] != before.x).any(dim=1).all()
+    written = (after["keys"] != before.keys).any(dim=-1)  # [layers, kv_heads, slots]
+    assert written.sum() == config.num_hidden_layers * config.num_key_value_heads * (7 + 1)
+
+
+def test_a_path_this_architecture_lacks_is_refused_by_name() -> None:
+    isa = "neon_dotprod" if platform.machine() in ("x86_64", "AMD64") else "avx2"
+    given = inputs("qwen3", [Lane(3, 1)])
+    with pytest.raises(ValueError, match=isa):
+        fused_layers("qwen3", isa, 1).forward(given.x, given.cos, given.sin, given.tables, given.keys, given.values, {})
