@@ -1,13 +1,17 @@
 """The fused native layers (native/fused_layers.c) give the portable C path's bits on every vector
-path this machine runs (AVX-512, AVX2, AVX-VNNI's float kernels), on one thread and two, for decode
-rows of several lanes, a chain, a tree beside a decode lane, and a prefill chunk; tiny random
-Qwen3 (q/k norms) and Qwen2 (q/k/v bias, head_dim 32) models in the int4 native format.
+path this machine runs (AVX-512, AVX2, AVX-VNNI's float kernels; NEON on an aarch64 host), on one
+thread and two, for decode rows of several lanes, a chain, a tree beside a decode lane, and a
+prefill chunk; tiny random Qwen3 (q/k norms) and Qwen2 (q/k/v bias, head_dim 32) models in the
+int4 native format. On an x86 host with the aarch64 cross compiler and qemu, an aarch64 build of
+the kernels (fused_driver.c) gives the host's portable bytes on its NEON and portable paths.
 """
 
 from __future__ import annotations
 
 import functools
 import platform
+import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +21,7 @@ import torch
 
 from tests.support.tiny_drafters import speculation_checkpoints
 from tests.support.tiny_models import make_tiny_model
-from worker.kernels.build import find_compiler
+from worker.kernels.build import FLAGS, SOURCES, find_compiler
 from worker.kernels.cpu_features import cpu_flags
 from worker.kernels.fused_layers import FusedLayers, RowTables
 from worker.kernels.native_lib import load_kernels
@@ -25,11 +29,12 @@ from worker.models.loader import LoadedModel, load_model
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no C compiler for the native kernels")
 
-# the vector paths and the CPU flags each needs
+# the vector paths and the CPU flags (as Linux names them) each needs
 PATH_FLAGS = {
     "avx512_vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
     "avx2": {"avx2", "fma"},
     "avx_vnni": {"avx2", "fma"},  # its float kernels are AVX2's
+    "neon_dotprod": {"asimd", "asimddp"},
 }
 VECTOR_PATHS = [isa for isa, flags in PATH_FLAGS.items() if flags <= cpu_flags()]
 
@@ -137,7 +142,7 @@ def assert_same_bits(got: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 def test_every_vector_path_gives_the_portable_paths_bits(family: str, case: str) -> None:
     if not VECTOR_PATHS:
-        pytest.skip("this CPU runs no x86 vector path")
+        pytest.skip("this CPU runs no vector path")
     expected = run(family, "portable", 1, CASES[case])
     for isa in VECTOR_PATHS:
         for threads in (1, 2):
@@ -158,3 +163,44 @@ def test_a_path_this_architecture_lacks_is_refused_by_name() -> None:
     given = inputs("qwen3", [Lane(3, 1)])
     with pytest.raises(ValueError, match=isa):
         fused_layers("qwen3", isa, 1).forward(given.x, given.cos, given.sin, given.tables, given.keys, given.values, {})
+
+
+DRIVER = Path(__file__).parent / "fused_driver.c"
+EXECUTABLE_FLAGS = [flag for flag in FLAGS if flag not in ("-shared", "-fPIC")]
+QEMU = ["qemu-aarch64", "-cpu", "neoverse-n1"]  # an aarch64 core with dotprod
+needs_x86 = pytest.mark.skipif(platform.machine() != "x86_64", reason="cross-checks aarch64 from an x86 host")
+
+
+def build_driver(compiler: str, output: Path, *extra: str) -> Path:
+    sources = [str(DRIVER), *(str(path) for path in SOURCES)]
+    subprocess.run([compiler, *EXECUTABLE_FLAGS, *extra, "-o", str(output), *sources, "-lm"], check=True, timeout=300)
+    return output
+
+
+@functools.cache
+def aarch64_driver() -> Path:
+    compiler = shutil.which("aarch64-linux-gnu-gcc")
+    if compiler is None:
+        pytest.skip("no aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross)")
+    folder = Path(tempfile.mkdtemp(prefix="arbor-fused-arm-"))
+    return build_driver(compiler, folder / "fused_driver", "-static")
+
+
+def driver_bytes(command: list[str], isa: int, threads: int) -> bytes:
+    return subprocess.run([*command, str(isa), str(threads)], capture_output=True, check=True, timeout=300).stdout
+
+
+@needs_x86
+def test_the_fused_layers_build_for_aarch64() -> None:
+    assert aarch64_driver().stat().st_size > 0
+
+
+@needs_x86
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="no qemu-aarch64 (apt-get install qemu-user)")
+def test_an_aarch64_build_gives_the_host_portable_paths_bytes(tmp_path: Path) -> None:
+    compiler = find_compiler()
+    assert compiler is not None
+    expected = driver_bytes([str(build_driver(compiler, tmp_path / "fused_driver"))], 0, 1)
+    arm = [*QEMU, str(aarch64_driver())]
+    for isa, threads in ((4, 1), (4, 2), (0, 1)):  # NEON on one thread and two, portable
+        assert driver_bytes(arm, isa, threads) == expected, (isa, threads)
