@@ -45,7 +45,8 @@ def default_cache_dir() -> Path:
 def built_library(compiler: str, cache_dir: Path | None = None) -> Path:
     """The library's path, built now if this source has not been built before. Raises
     `KernelBuildError` with the compiler's message when the build fails."""
-    source = b"".join(path.read_bytes() for path in (*SOURCES, *sorted(SOURCES[0].parent.glob("*.h"))))
+    headers = sorted(SOURCES[0].parent.glob("*.h"))  # included by the sources: a change must rebuild too
+    source = b"".join(path.read_bytes() for path in (*SOURCES, *headers))
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     folder = cache_dir or default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)

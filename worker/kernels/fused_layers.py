@@ -10,9 +10,9 @@ products on the native kernels in the format serving this forward, and all lanes
 storage (the worker's block pool, or a single lane's own cache). Anything else takes the
 PyTorch path, which computes the same model (tests compare the two).
 
-The native layers run on whichever ISA the kernels do (AVX-512, AVX2, AVX-VNNI, NEON) and give
-the portable C path's bits on each; `auto` never picks the portable path for serving (it is ~50x
-slower than torch there), but a test may ask for it as the reference.
+The native layers run on whichever vector ISA the kernels do (AVX-512, AVX2, AVX-VNNI, NEON) and
+give the portable C path's bits on each. `fusable` leaves the portable path out (a forward there
+is ~50x slower than torch's); tests force it through `FusedLayers(isa="portable")` as the reference.
 
 Per forward the Python side builds each row's key list description once (`RowTables`), shared
 by all layers: the lanes' slot tables, each row's committed context and index among its lane's
