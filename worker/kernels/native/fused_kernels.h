@@ -7,7 +7,8 @@
  *   KERNEL(name) this copy's function names (rms_norm_avx512, ...)
  *   TARGET       the target attribute its functions compile under (empty where none is needed)
  *
- * Every copy runs the same float operations in the same order, so all give the same bits.
+ * It uses fused_layers.c's arbor_dims, arbor_rows, visible_keys and layer_kernels. Every copy runs
+ * the same float operations in the same order, so all give the same bits.
  * Lengths n (head_dim, hidden, inner) are multiples of 16; key counts are not.
  */
 

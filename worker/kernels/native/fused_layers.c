@@ -75,6 +75,7 @@ static void rotate(float *x, const float *cos, const float *sin, int d) {
     for (int i = 0; i < d; i++) x[i] = x[i] * cos[i] + rolled[i] * sin[i];
 }
 
+/* the float kernels of one ISA (fused_kernels.h's copies), called per row or per (row, head) */
 typedef struct {
     void (*rms_norm)(const float *x, const float *weight, int n, float eps, float *out);
     void (*attend_head)(const arbor_dims *dims, const arbor_rows *rows, int t, int h, const float *q_row,
