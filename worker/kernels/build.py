@@ -26,7 +26,7 @@ QUANT_DOT_SOURCES = tuple(
     NATIVE / f"{name}.c" for name in ("quant_dot", "quant_dot_avx512", "quant_dot_avx2", "quant_dot_neon")
 )
 SOURCES = (*QUANT_DOT_SOURCES, NATIVE / "fused_layers.c")
-HEADERS = (NATIVE / "quant_dot.h", NATIVE / "quant_dot_ymm.h")  # in the cache key; included, not compiled alone
+HEADERS = tuple(sorted(NATIVE.glob("*.h")))  # in the cache key; included, not compiled alone
 # -ffp-contract=off: the portable path's float sums must be the fmaf calls written, no others fused
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-pthread")
 COMPILE_TIMEOUT_S = 120

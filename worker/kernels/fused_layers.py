@@ -1,4 +1,4 @@
-"""A decoder's layers in one native call per forward (native/fused_layers.c), on the AVX-512 VNNI path.
+"""A decoder's layers in one native call per forward (native/fused_layers.c), on every native ISA.
 
 Why: at one row a SmolLM2 layer is ~25 small PyTorch ops around four products, ~10 us each on a
 CPU, so eager dispatch cost as much as the int4 products themselves. One call per forward runs
@@ -9,6 +9,10 @@ What a forward must be to take this path (`FusedLayers.runs`): float32 activatio
 products on the native kernels in the format serving this forward, and all lanes' K/V in one
 storage (the worker's block pool, or a single lane's own cache). Anything else takes the
 PyTorch path, which computes the same model (tests compare the two).
+
+The native layers run on whichever vector ISA the kernels do (AVX-512, AVX2, AVX-VNNI, NEON) and
+give the portable C path's bits on each. `fusable` leaves the portable path out (a forward there
+is ~50x slower than torch's); tests force it through `FusedLayers(isa="portable")` as the reference.
 
 Per forward the Python side builds each row's key list description once (`RowTables`), shared
 by all layers: the lanes' slot tables, each row's committed context and index among its lane's
@@ -23,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.kernels.native_lib import NativeKernels
+from worker.kernels.cpu_features import ISA_CODES
+from worker.kernels.native_lib import NativeKernels, UnsupportedPathError
 from worker.kernels.native_linear import NativeQuantizedLinear
 
 _P = ctypes.c_void_p
@@ -112,9 +117,10 @@ class RowTables:
 
 
 def fusable(config, kernels: NativeKernels) -> bool:
-    """The shapes the native layers handle: products in blocks of 32, vectors of 16 floats."""
+    """Kernels on a vector ISA, and the shapes the native layers handle: products in blocks of 32,
+    vectors of 16 floats."""
     return (
-        kernels.isa == "avx512_vnni"
+        kernels.isa != "portable"
         and config.hidden_size % 32 == 0
         and config.intermediate_size % 32 == 0
         and config.head_dim % 16 == 0
@@ -125,9 +131,22 @@ def fusable(config, kernels: NativeKernels) -> bool:
 
 
 class FusedLayers:
-    def __init__(self, decoder, kernels: NativeKernels, format_index: int, two_term: bool = True, threads: int = 1):
+    def __init__(
+        self,
+        decoder,
+        kernels: NativeKernels,
+        format_index: int,
+        two_term: bool = True,
+        threads: int = 1,
+        isa: str | None = None,
+    ):
+        """`isa`: the path to run (ISA_CODES' names), by default the kernels'; the bits are the same on each."""
         config = decoder.config
         self.kernels = kernels
+        self.isa = isa or kernels.isa
+        if not kernels.supports(self.isa):  # running it would be an illegal instruction, not an error
+            raise UnsupportedPathError(f"native layers: this CPU or library does not run the {self.isa} path")
+        self.isa_code = ISA_CODES[self.isa]
         self.format_index = format_index  # the PlannedLinear format these products are in
         self.two_term = two_term
         self.threads = threads  # split inside the call; a row's numbers do not depend on it
@@ -144,7 +163,7 @@ class FusedLayers:
         self._keep: list[torch.Tensor] = []
         self.layers = (_Layer * self.num_layers)(*(self._layer(layer) for layer in decoder.model.layers))
         self.fn = kernels.lib.arbor_forward_layers
-        ints = [ctypes.c_int] * 3  # max_keys, two_term, threads
+        ints = [ctypes.c_int] * 4  # max_keys, two_term, threads, isa
         self.fn.argtypes = [_P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, _P, _P, _P, _P, *ints]
         self.fn.restype = ctypes.c_int
 
@@ -212,6 +231,9 @@ class FusedLayers:
             tables.max_keys,
             int(self.two_term),
             self.threads if x.shape[0] >= MIN_ROWS_TO_SPLIT else 1,
+            self.isa_code,
         )
+        if status == -2:
+            raise ValueError(f"native layers: isa={self.isa!r} is not built for this machine's architecture")
         if status != 0:
             raise MemoryError(f"native layers: scratch for {x.shape[0]} rows could not be allocated")

@@ -1,5 +1,5 @@
 /*
- * The decoder layers of a Llama/Qwen2/Qwen3 model in one native call per forward (AVX-512 VNNI only):
+ * The decoder layers of a Llama/Qwen2/Qwen3 model in one native call per forward:
  *
  *   h = rmsnorm(x) ; qkv = h Wqkv (+ bias) ; q/k normed (Qwen3) and rotated ; K/V written to their slots ;
  *   attention of each row over exactly its visible keys ; x += attn Wo ;
@@ -9,6 +9,10 @@
  * (norms, dot products, the softmax and the weighted sum over its keys in slot-list order), so a
  * row's result is bitwise the same whatever rows share the call: decoding alone, verifying a chain
  * or a tree, beside other lanes, or as part of a prefill chunk.
+ *
+ * The float kernels (fused_kernels.h over v16.h) exist once per ISA, and every copy does the same
+ * float operations in the same order: the AVX-512, AVX2 and NEON paths give the portable path's
+ * bits. `isa` (cpu_features.ISA_CODES) picks the copy and goes on to quant_dot.c's products.
  *
  * Keys a row sees: its lane's committed slots [0, context), then the lane's new rows j that its
  * mask allows (causal: j <= i; a tree: mask[i][j]). `slots` holds each lane's slot table from
@@ -22,12 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
+#include "v16.h"
 
 #define QK 32
-#define TILE 16
-#define FUSED __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c")))
 
 void arbor_quantize_rows(const float *x, int rows, int k, int8_t *q, int8_t *q2, float *d, int32_t *s, int isa);
 void arbor_quant_matmul_part(const uint8_t *packed, int bits, const int8_t *qa, const int8_t *qa2, const float *da,
@@ -53,37 +54,17 @@ typedef struct {
     const uint8_t *masks;                                                /* [lane_rows, lane_rows] per tree lane */
 } arbor_rows;
 
-/* e^x for x <= 0 (softmax) and moderate positive x (silu's e^-g): Cephes' polynomial on the
-   reduced argument, 2^n by scalef; within ~2 ulp of expf */
-FUSED static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), 0);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* sum of a[i] * b[i], n a multiple of 16, lanes reduced in one fixed order */
-FUSED static inline float dot(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    return _mm512_reduce_add_ps(acc);
-}
-
-FUSED static void rms_norm(const float *x, const float *weight, int n, float eps, float *out) {
-    const float inv = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
-    const __m512 vinv = _mm512_set1_ps(inv);
-    for (int i = 0; i < n; i += 16) {
-        const __m512 h = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(weight + i), h));
+/* the lane's committed slots, then the new rows its mask lets row t see; returns their count */
+static int visible_keys(const arbor_rows *rows, int t, int32_t *visible) {
+    const int32_t *table = rows->slots + rows->key_base[t];
+    const int context = rows->context[t], i = rows->index[t], n = rows->lane_rows[t];
+    const uint8_t *mask = rows->mask_offset[t] >= 0 ? rows->masks + rows->mask_offset[t] + (long)i * n : NULL;
+    int num_keys = 0;
+    for (int j = 0; j < context; j++) visible[num_keys++] = table[j];
+    for (int j = 0; j < n; j++) {
+        if (mask ? mask[j] : j <= i) visible[num_keys++] = table[context + j];
     }
+    return num_keys;
 }
 
 /* x * cos + roll(x, d/2) * signed_sin (rope.py's tables: the first half of sin negated) */
@@ -94,64 +75,81 @@ static void rotate(float *x, const float *cos, const float *sin, int d) {
     for (int i = 0; i < d; i++) x[i] = x[i] * cos[i] + rolled[i] * sin[i];
 }
 
-/* qa2 NULL: one-term activations; else two-term (quant_dot.c's header) */
-/* One head of row t: scores over exactly its visible keys, in slot-list order. `scratch` holds
-   2 * (max_keys + 16) floats: the scores, then the visible slots. */
-FUSED static void attend_head(const arbor_dims *dims, const arbor_rows *rows, int t, int h, const float *q_row,
-                              const float *keys, const float *values, float *scratch, float *out_row) {
-    const int d = dims->head_dim, group = dims->heads / dims->kv_heads;
-    const int32_t *table = rows->slots + rows->key_base[t];
-    const int context = rows->context[t], i = rows->index[t], n = rows->lane_rows[t];
-    const uint8_t *mask = rows->mask_offset[t] >= 0 ? rows->masks + rows->mask_offset[t] + (long)i * n : NULL;
-    float *scores = scratch;
-    int32_t *visible = (int32_t *)(scratch + context + n + 16);
-    int num_keys = 0;
-    for (int j = 0; j < context; j++) visible[num_keys++] = table[j];
-    for (int j = 0; j < n; j++) {
-        if (mask ? mask[j] : j <= i) visible[num_keys++] = table[context + j];
-    }
-    const float scale = 1.0f / sqrtf((float)d);
-    const long head_base = (long)(h / group) * dims->kv_stride;
-    const float *q = q_row + (long)h * d;
-    float top = -INFINITY;
-    for (int j = 0; j < num_keys; j++) {
-        scores[j] = dot(q, keys + (head_base + visible[j]) * d, d) * scale;
-        top = scores[j] > top ? scores[j] : top;
-    }
-    __m512 total = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= num_keys; j += 16) {
-        const __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + j), _mm512_set1_ps(top)));
-        _mm512_storeu_ps(scores + j, p);
-        total = _mm512_add_ps(total, p);
-    }
-    if (j < num_keys) {
-        const __mmask16 tail = (__mmask16)((1u << (num_keys - j)) - 1);
-        const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + j), _mm512_set1_ps(top)));
-        _mm512_mask_storeu_ps(scores + j, tail, p);
-        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, p));
-    }
-    const float inv = 1.0f / _mm512_reduce_add_ps(total);
-    float *out = out_row + (long)h * d;
-    for (int c = 0; c < d; c += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int k = 0; k < num_keys; k++) {
-            const __m512 v = _mm512_loadu_ps(values + (head_base + visible[k]) * d + c);
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[k]), v, acc);
-        }
-        _mm512_storeu_ps(out + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+/* the float kernels of one ISA (fused_kernels.h's copies), called per row or per (row, head) */
+typedef struct {
+    void (*rms_norm)(const float *x, const float *weight, int n, float eps, float *out);
+    void (*attend_head)(const arbor_dims *dims, const arbor_rows *rows, int t, int h, const float *q_row,
+                        const float *keys, const float *values, float *scratch, float *out_row);
+    void (*silu_times_up)(const float *gate_up, int first, int end, int inner, float *out);
+} layer_kernels;
+
+#define KERNEL(name) name##_portable
+#define V(op) portable_##op
+#define VEC v16_portable
+#define TARGET
+#include "fused_kernels.h"
+#undef KERNEL
+#undef V
+#undef VEC
+#undef TARGET
+
+#if defined(__x86_64__)
+#define KERNEL(name) name##_avx512
+#define V(op) avx512_##op
+#define VEC v16_avx512
+#define TARGET __attribute__((target("avx512f")))
+#include "fused_kernels.h"
+#undef KERNEL
+#undef V
+#undef VEC
+#undef TARGET
+
+#define KERNEL(name) name##_avx2
+#define V(op) avx2_##op
+#define VEC v16_avx2
+#define TARGET __attribute__((target("avx2,fma")))
+#include "fused_kernels.h"
+#undef KERNEL
+#undef V
+#undef VEC
+#undef TARGET
+#endif
+
+#if defined(__aarch64__)
+#define KERNEL(name) name##_neon
+#define V(op) neon_##op
+#define VEC v16_neon
+#define TARGET
+#include "fused_kernels.h"
+#undef KERNEL
+#undef V
+#undef VEC
+#undef TARGET
+#endif
+
+/* cpu_features.ISA_CODES -> the kernels' copy; NULL where this build has none */
+static const layer_kernels *kernels_for(int isa) {
+    switch (isa) {
+        case 0: return &kernels_portable;
+#if defined(__x86_64__)
+        case 1: return &kernels_avx512;
+        case 2: /* AVX2 */
+        case 3: return &kernels_avx2; /* AVX-VNNI: AVX2's float ops */
+#endif
+#if defined(__aarch64__)
+        case 4: return &kernels_neon;
+#endif
+        default: return NULL;
     }
 }
 
-FUSED static void silu_times_up(const float *gate_up, int first, int end, int inner, float *out) {
-    for (int t = first; t < end; t++) {
-        const float *g = gate_up + (long)t * 2 * inner, *u = g + inner;
-        for (int c = 0; c < inner; c += 16) {
-            const __m512 gv = _mm512_loadu_ps(g + c);
-            const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-            _mm512_storeu_ps(out + (long)t * inner + c, _mm512_mul_ps(s, _mm512_loadu_ps(u + c)));
-        }
-    }
+/* a hint inside a spin-wait loop: it frees the core's pipeline for a sibling hyperthread */
+static inline void spin_hint(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
 }
 
 /* ---------- threads: each runs every phase on its share, a spin barrier between phases ---------- */
@@ -171,7 +169,7 @@ static void barrier_wait(spin_barrier *b) {
         return;
     }
     for (long spins = 1; atomic_load_explicit(&b->phase, memory_order_acquire) == phase; spins++) {
-        _mm_pause();
+        spin_hint();
         if (spins % 256 == 0) sched_yield();
     }
 }
@@ -191,6 +189,8 @@ typedef struct {
     int8_t *qa, *qa2;
     float *da;
     int32_t *sa;
+    const layer_kernels *kernels; /* the float kernels' copy for `isa` */
+    int isa;
     spin_barrier barrier;
     atomic_int go; /* set once the thread count is final: threads that did start wait for it */
 } forward_ctx;
@@ -204,32 +204,33 @@ typedef struct {
 static inline int share(int total, int part, int parts) { return (int)((long)total * part / parts); }
 
 /* norm (optional) then quantize this thread's rows of `in` [rows, k] */
-FUSED static void quantize_part(forward_ctx *c, int part, const float *in, int k) {
+static void quantize_part(forward_ctx *c, int part, const float *in, int k) {
     const int first = share(c->rows, part, c->threads), end = share(c->rows, part + 1, c->threads);
     const int groups = k / QK;
     if (end > first)
         arbor_quantize_rows(in + (long)first * k, end - first, k, c->qa + (long)first * k,
                             c->qa2 ? c->qa2 + (long)first * k : NULL, c->da + (long)first * groups,
-                            c->sa + (long)first * groups, 1);
+                            c->sa + (long)first * groups, c->isa);
 }
 
-FUSED static void product_part(forward_ctx *c, int part, const uint8_t *packed, int bits, int k, int n, float *out) {
-    arbor_quant_matmul_part(packed, bits, c->qa, c->qa2, c->da, c->sa, c->rows, k, n, out, 1, part, c->threads);
+static void product_part(forward_ctx *c, int part, const uint8_t *packed, int bits, int k, int n, float *out) {
+    arbor_quant_matmul_part(packed, bits, c->qa, c->qa2, c->da, c->sa, c->rows, k, n, out, c->isa, part, c->threads);
 }
 
-FUSED static void run_layers(forward_part *me) {
+static void run_layers(forward_part *me) {
     forward_ctx *c = me->ctx;
-    while (!atomic_load_explicit(&c->go, memory_order_acquire)) _mm_pause();
+    while (!atomic_load_explicit(&c->go, memory_order_acquire)) spin_hint();
     const arbor_dims *dims = c->dims;
     const int part = me->part, parts = c->threads, rows = c->rows;
     const int H = dims->hidden, d = dims->head_dim, inner = dims->inner;
     const int q_width = dims->heads * d, kv_width = dims->kv_heads * d, qkv_width = q_width + 2 * kv_width;
     const long layer_kv = (long)dims->kv_heads * dims->kv_stride * d;
     const int first = share(rows, part, parts), end = share(rows, part + 1, parts);
+    const layer_kernels *k = c->kernels;
     for (int l = 0; l < c->num_layers; l++) {
         const arbor_layer *w = c->layers + l;
         float *layer_keys = c->keys + l * layer_kv, *layer_values = c->values + l * layer_kv;
-        for (int t = first; t < end; t++) rms_norm(c->x + (long)t * H, w->attn_norm, H, dims->eps, c->h + (long)t * H);
+        for (int t = first; t < end; t++) k->rms_norm(c->x + (long)t * H, w->attn_norm, H, dims->eps, c->h + (long)t * H);
         quantize_part(c, part, c->h, H);
         barrier_wait(&c->barrier);
         product_part(c, part, w->qkv, w->qkv_bits, H, qkv_width, c->qkv);
@@ -241,7 +242,7 @@ FUSED static void run_layers(forward_part *me) {
             for (int head = 0; head < dims->heads + dims->kv_heads; head++) {
                 float *piece = row + (long)head * d;
                 const float *norm = head < dims->heads ? w->q_norm : w->k_norm;
-                if (norm) rms_norm(piece, norm, d, dims->eps, piece);
+                if (norm) k->rms_norm(piece, norm, d, dims->eps, piece);
                 rotate(piece, c->cos + (long)t * d, c->sin + (long)t * d, d);
             }
             const arbor_rows *ri = c->row_info;
@@ -256,7 +257,7 @@ FUSED static void run_layers(forward_part *me) {
         const int items = rows * dims->heads; /* (row, head) pairs, split evenly */
         for (int item = share(items, part, parts); item < share(items, part + 1, parts); item++) {
             const int t = item / dims->heads, h = item % dims->heads;
-            attend_head(dims, c->row_info, t, h, c->qkv + (long)t * qkv_width, layer_keys, layer_values, me->scratch,
+            k->attend_head(dims, c->row_info, t, h, c->qkv + (long)t * qkv_width, layer_keys, layer_values, me->scratch,
                         c->attn + (long)t * q_width);
         }
         barrier_wait(&c->barrier);
@@ -268,13 +269,13 @@ FUSED static void run_layers(forward_part *me) {
             float *xt = c->x + (long)t * H;
             const float *pt = c->proj + (long)t * H;
             for (int i = 0; i < H; i++) xt[i] += pt[i];
-            rms_norm(xt, w->ffn_norm, H, dims->eps, c->h + (long)t * H);
+            k->rms_norm(xt, w->ffn_norm, H, dims->eps, c->h + (long)t * H);
         }
         quantize_part(c, part, c->h, H);
         barrier_wait(&c->barrier);
         product_part(c, part, w->gate_up, w->gate_up_bits, H, 2 * inner, c->gate_up);
         barrier_wait(&c->barrier);
-        silu_times_up(c->gate_up, first, end, inner, c->act);
+        k->silu_times_up(c->gate_up, first, end, inner, c->act);
         quantize_part(c, part, c->act, inner);
         barrier_wait(&c->barrier);
         product_part(c, part, w->down, w->down_bits, inner, H, c->proj);
@@ -298,12 +299,14 @@ static void *run_layers_thread(void *arg) {
  * x [rows, hidden] (the residual stream, updated in place) through every layer. keys/values: the
  * K/V storage [layers, kv_heads, kv_stride, head_dim]. hidden_out[l], where not NULL, receives x
  * after layer l. `threads` split every phase (rows, tiles of output rows, (row, head) pairs of
- * attention): a row's numbers never depend on the count. Returns 0, or -1 when scratch or a
- * thread cannot be had.
+ * attention): a row's numbers never depend on the count. `isa`: cpu_features.ISA_CODES. Returns 0,
+ * -1 when scratch cannot be had, -2 for an isa this build has no kernels for.
  */
 int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_dims *dims, float *x, int rows,
                          const float *cos, const float *sin, const arbor_rows *row_info, float *keys, float *values,
-                         float **hidden_out, int max_keys, int two_term, int threads) {
+                         float **hidden_out, int max_keys, int two_term, int threads, int isa) {
+    const layer_kernels *kernels = kernels_for(isa);
+    if (!kernels) return -2;
     const int H = dims->hidden, d = dims->head_dim, inner = dims->inner;
     const int q_width = dims->heads * d, qkv_width = q_width + 2 * dims->kv_heads * d;
     const int widest = inner > q_width ? (inner > H ? inner : H) : (q_width > H ? q_width : H);
@@ -311,6 +314,8 @@ int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_
     if (threads > 16) threads = 16;
     forward_ctx c = {layers, num_layers, dims, x, rows, cos, sin, row_info, keys, values, hidden_out, max_keys,
                      two_term, threads};
+    c.kernels = kernels;
+    c.isa = isa;
     c.h = malloc(sizeof(float) * (size_t)rows * H);
     c.qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
     c.attn = malloc(sizeof(float) * (size_t)rows * q_width);
@@ -349,4 +354,3 @@ done:
     free(c.qa); free(c.qa2); free(c.da); free(c.sa); free(scratch);
     return status;
 }
-#endif
