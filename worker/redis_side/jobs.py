@@ -184,6 +184,7 @@ def output_options(
         reasoning=_reasoning(request, served, prompt_ids),
         parse_tool_calls=parse_tool_calls,
         single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
+        forced_tool_calls=parse_tool_calls and params.structured is not None and params.structured.kind == "tool_call",
         tool_parser=served.tool_parser,
         tool_schemas=_tool_schemas(tools or []),
         num_logprobs=num_logprobs,
