@@ -30,7 +30,7 @@ import tokenizers
 from shared.protocol import PromptLogprob, TokenLogprob, TopLogprob
 from shared.tool_call_grammar import MAX_PARALLEL_CALLS
 from worker.chat.reasoning import ReasoningParser
-from worker.chat.repeated_calls import RepeatStop
+from worker.chat.forced_calls import ForcedCalls
 from worker.chat.tool_parser import ToolParser, make_tool_parser
 from worker.engine.logits_processing import TokenLogprobs
 from worker.engine.prompt_logprobs import PromptLogprobs
@@ -56,7 +56,7 @@ class OutputOptions:
     parse_tool_calls: bool = False
     single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
     # tool_choice required or named: the lane ends at a call that repeats an earlier one
-    # (worker/chat/repeated_calls.py), and after MAX_PARALLEL_CALLS calls, as the grammar does
+    # (worker.chat.forced_calls.py), and after MAX_PARALLEL_CALLS calls, as the grammar does
     forced_tool_calls: bool = False
     tool_parser: str = "hermes"  # a name in worker.chat.tool_parser.TOOL_PARSERS
     tool_schemas: Mapping[str, Any] = field(default_factory=dict)  # function name -> parameters schema
@@ -178,7 +178,7 @@ def _tool_parser(options: OutputOptions) -> ToolParser:
     if options.single_tool_call:
         return make_tool_parser(options.tool_parser, options.tool_schemas, max_calls=1)
     if options.forced_tool_calls:
-        return RepeatStop(make_tool_parser(options.tool_parser, options.tool_schemas, MAX_PARALLEL_CALLS))
+        return ForcedCalls(make_tool_parser(options.tool_parser, options.tool_schemas, MAX_PARALLEL_CALLS))
     return make_tool_parser(options.tool_parser, options.tool_schemas)
 
 

@@ -1,4 +1,4 @@
-"""A forced turn ends at a call that repeats an earlier one: a tool parser wrapped to stop there.
+"""A forced turn's calls: a tool parser wrapped so the turn ends at a call that repeats an earlier one.
 
 Under `tool_choice` "required" with parallel calls, a small model that has written its call
 often writes the very same call again, and again, until `max_tokens`. The grammar allows the
@@ -15,7 +15,9 @@ call's, nothing of it goes out. Worked example, after call 0 `f({"a":1})` closed
     call 1 instead  args '{"a":1}', closes -> the same call: its deltas are dropped, done
 
 Parsers that emit a call whole when it closes (the delimited formats) need no holding: the
-call is compared at once.
+call is compared at once. The grammar (shared/tool_call_grammar.py) writes nothing but calls and
+the separators between them ("\\n", "; "), so whitespace outside the calls is not content either:
+a turn of calls has no content, whether it ends at EOS or at a repeat.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from worker.chat.tool_calls import ToolCallDelta
 from worker.chat.tool_parser import ToolParser
 
 
-class RepeatStop:
-    """A `ToolParser` (wrapping one) that is `done` at the first repeated call."""
+class ForcedCalls:
+    """A `ToolParser` (wrapping one) that is `done` at the first repeated call, and passes no
+    whitespace-only content."""
 
     def __init__(self, parser: ToolParser):
         self._parser = parser
@@ -50,12 +53,13 @@ class RepeatStop:
             if cut is None or call_delta["index"] < cut:
                 self._hold(call_delta)
         self._held = [d for d in self._held if cut is None or d["index"] < cut]
-        return ToolCallDelta(content=inner.content, tool_calls=self._release())
+        return ToolCallDelta(content=_unless_blank(inner.content), tool_calls=self._release())
 
     def flush(self) -> ToolCallDelta:
         """A call still held at the end (cut by max_tokens) goes out as the plain parser would send it."""
         delta = ToolCallDelta() if self._repeated else self._parser.flush()
         delta.tool_calls[:0], self._held = self._held, []
+        delta.content = _unless_blank(delta.content)
         return delta
 
     def finish(self) -> list[dict[str, Any]]:
@@ -89,3 +93,7 @@ class RepeatStop:
         num_free = next((n for n, d in enumerate(self._held) if d["index"] not in self._free), len(self._held))
         released, self._held = self._held[:num_free], self._held[num_free:]
         return released
+
+
+def _unless_blank(content: str) -> str:
+    return content if content.strip() else ""

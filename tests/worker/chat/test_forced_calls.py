@@ -1,13 +1,13 @@
 """A forced turn's parser ends at a repeated call: in every format, at every step size, the calls
-before the repeat stream and finish as they would alone, the repeat never shows, and a call that
-only starts like an earlier one streams whole."""
+before the repeat stream and finish as they would alone, the repeat never shows (nor the
+separators around calls, as content), and a call that only starts like an earlier one streams whole."""
 
 import json
 
 import pytest
 
 from tests.worker.chat.test_tool_parsers import SCHEMAS, STEP_SIZES, token_steps
-from worker.chat.repeated_calls import RepeatStop
+from worker.chat.forced_calls import ForcedCalls
 from worker.chat.tool_parser import make_tool_parser
 
 LISBON = ("get_weather", {"city": "Lisbon", "days": 2})
@@ -33,8 +33,8 @@ def _xml_call(name: str, args: dict) -> str:
 
 
 def run(tool_format: str, steps: list[str]) -> tuple[str, list[tuple[str, dict]], list[tuple[str, dict]], bool]:
-    """(content, calls rebuilt from the streamed deltas, finish(), done) of a RepeatStop parser."""
-    parser = RepeatStop(make_tool_parser(tool_format, SCHEMAS))
+    """(content, calls rebuilt from the streamed deltas, finish(), done) of a ForcedCalls parser."""
+    parser = ForcedCalls(make_tool_parser(tool_format, SCHEMAS))
     deltas = []
     for step in steps:
         if parser.done:
@@ -63,7 +63,7 @@ def test_the_turn_ends_at_a_repeated_call_which_never_streams(tool_format, num_t
     content, streamed, finished, done = run(tool_format, steps)
     assert done
     assert streamed == finished == [LISBON, LISBON_LONGER, OSLO]
-    assert "Lisbon" not in content
+    assert content == ""  # neither the repeat nor the separators before it
 
 
 @pytest.mark.parametrize("num_tokens", [None, *STEP_SIZES])
@@ -73,11 +73,12 @@ def test_calls_that_do_not_repeat_stream_as_the_plain_parser_streams_them(tool_f
     steps = [text] if num_tokens is None else token_steps(text, num_tokens)
     content, streamed, finished, done = run(tool_format, steps)
     assert streamed == finished == [LISBON, LISBON_LONGER, OSLO]
+    assert content == ""
     assert not done or tool_format == "mistral"  # the array closed: mistral's parser may know it is over
 
 
 def test_a_call_that_may_still_repeat_streams_nothing_until_it_diverges():
-    parser = RepeatStop(make_tool_parser("hermes", SCHEMAS))
+    parser = ForcedCalls(make_tool_parser("hermes", SCHEMAS))
     first = written("hermes", [LISBON])
     assert [d["index"] for d in parser.feed(first).tool_calls] == [0, 0]
     assert parser.feed('\n<tool_call>\n{"name":"get_weather","arguments":{"city":"Lisbon","days":2').tool_calls == []
@@ -87,7 +88,7 @@ def test_a_call_that_may_still_repeat_streams_nothing_until_it_diverges():
 
 
 def test_a_held_call_cut_short_goes_out_at_the_end_as_the_plain_parser_sends_it():
-    parser = RepeatStop(make_tool_parser("hermes", SCHEMAS))
+    parser = ForcedCalls(make_tool_parser("hermes", SCHEMAS))
     parser.feed(written("hermes", [LISBON]) + '\n<tool_call>\n{"name":"get_weather","arguments":{"city"')
     end = parser.flush()
     assert [d["index"] for d in end.tool_calls] == [1, 1]
