@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.priority import KeyPriority, parse_key_priorities
+from shared.json_numbers import JsonNumbers
 from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
@@ -168,6 +169,9 @@ class WorkerSettings(BaseSettings):
     # ARBOR_JSON_WHITESPACE: JSON in forced calls and json_schema/json_object answers. compact: no
     # whitespace between tokens; flexible: up to 16 whitespace characters wherever JSON allows them
     json_whitespace: JsonWhitespace = "compact"
+    # ARBOR_JSON_NUMBERS: numbers in the same JSON. bounded: integers int64 (19 digits), numbers at
+    # most 17 digits before the point and 10 after; flexible: as long as the model writes them
+    json_numbers: JsonNumbers = "bounded"
 
     @model_validator(mode="after")
     def _ttl_outlives_interval(self) -> WorkerSettings:

@@ -130,11 +130,13 @@ def build_spec(
 def _with_structured_output(params: SamplingParams, output: OutputOptions, served: ServingModel) -> SamplingParams:
     """A constraint starts where the answer does: after the think block when the prompt opened
     one (a model that may open the tag itself cannot: the grammar does not allow it). A forced
-    call is written in this model's tool-call format, JSON with this worker's whitespace. Its
+    call is written in this model's tool-call format, JSON with this worker's whitespace and numbers. Its
     grammar is compiled here, off the owner thread, so the owner only copies it."""
     structured, masks = params.structured, served.runner.grammar_masks
     assert structured is not None and masks is not None, "load_serving_model sets the masks"
-    structured = replace(structured, tool_format=served.tool_parser, whitespace=served.json_whitespace)
+    structured = replace(
+        structured, tool_format=served.tool_parser, whitespace=served.json_whitespace, numbers=served.json_numbers
+    )
     params = replace(params, structured=structured)
     reasoning = output.reasoning
     if reasoning is not None and reasoning.starts_in_reasoning:
