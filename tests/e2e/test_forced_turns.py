@@ -96,3 +96,28 @@ def test_a_forced_tool_use_on_messages_ends_at_the_repeat(gateway: GatewayServer
     assert message.stop_reason == "tool_use"
     uses = [(block.name, block.input) for block in message.content if block.type == "tool_use"]
     assert uses and len({json.dumps(use) for use in uses}) == len(uses), f"a call repeats: {uses}"
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_answer_with_an_unbounded_integer_ends_before_max_tokens(gateway: GatewayServer) -> None:
+    choice = (
+        gateway.openai()
+        .chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the population of Paris? Answer in JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}},
+            max_tokens=60,
+            temperature=0,
+        )
+        .choices[0]
+    )
+    assert choice.finish_reason == "stop", choice.message.content
+    answer = json.loads(choice.message.content)
+    assert type(answer["population"]) is int and len(str(abs(answer["population"]))) <= 19
