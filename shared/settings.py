@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.priority import KeyPriority, parse_key_priorities
 from shared.json_numbers import JsonNumbers
+from shared.priority import KeyPriority, parse_key_priorities
 from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 

@@ -71,7 +71,7 @@ class StructuredOutput:
         import llguidance
 
         options = JSON_OPTIONS[self.whitespace]
-        if self.kind in ("json_object", "json_schema"):
+        if self.kind == "json_object" or self.kind == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(self._schema(), defaults=options)
         if self.kind == "tool_call":
             lark = tool_call_lark(self._tool_spec(), self.tool_format, dict(options))

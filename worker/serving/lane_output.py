@@ -29,8 +29,8 @@ import tokenizers
 
 from shared.protocol import PromptLogprob, TokenLogprob, TopLogprob
 from shared.tool_call_grammar import MAX_PARALLEL_CALLS
-from worker.chat.reasoning import ReasoningParser
 from worker.chat.forced_calls import ForcedCalls
+from worker.chat.reasoning import ReasoningParser
 from worker.chat.tool_parser import ToolParser, make_tool_parser
 from worker.engine.logits_processing import TokenLogprobs
 from worker.engine.prompt_logprobs import PromptLogprobs
