@@ -1,7 +1,8 @@
 """The default model (SmolLM2-135M-Instruct), asked for a forced call with parallel calls left on,
 writes its call and then the very same call again, and again: the turn ends at the repeat with
 `finish_reason` "tool_calls", streamed and not the same, through the openai SDK's stream helper
-(which raises on "length") and through /v1/messages (`tool_choice` any, `stop_reason` tool_use).
+(which raises on "length"), through /v1/messages (`tool_choice` any, `stop_reason` tool_use) and
+/v1/responses (status completed).
 A `json_schema` answer with an unbounded integer ends as valid JSON before `max_tokens`."""
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ def test_a_forced_tool_use_on_messages_ends_at_the_repeat(gateway: GatewayServer
     assert message.stop_reason == "tool_use"
     uses = [(block.name, block.input) for block in message.content if block.type == "tool_use"]
     assert uses and len({json.dumps(use) for use in uses}) == len(uses), f"a call repeats: {uses}"
+
+
+def test_a_forced_call_on_responses_ends_at_the_repeat(gateway: GatewayServer) -> None:
+    response = gateway.openai().responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[{"type": "function", "name": "get_weather", "parameters": PARAMETERS, "strict": False}],
+        tool_choice="required",
+        max_output_tokens=200,
+        temperature=0,
+    )
+    assert response.status == "completed", response.incomplete_details
+    calls = [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"]
+    assert calls and len({json.dumps(call) for call in calls}) == len(calls), f"a call repeats: {calls}"
+    assert not [item for item in response.output if item.type == "message"], "no content besides the calls"
 
 
 CITY = {
