@@ -14,7 +14,8 @@ arguments). What llguidance makes of the added keywords:
 float64, and cannot build the range of the full ±2**63. A bounded number is a plain decimal: the
 regexes llguidance builds for a range have no exponent, so a bounded number has none either.
 A keyword the schema already has (one bound, a multipleOf) is kept, so only what is missing is
-added. The flexible form (ARBOR_JSON_NUMBERS=flexible) leaves schemas as they are.
+added; a schema with `enum` or `const` is finite already and is left alone. The flexible form
+(ARBOR_JSON_NUMBERS=flexible) leaves schemas as they are.
 
 Worked example: {"type": "integer"} -> {"type": "integer", "minimum": -9223372036854774784,
 "maximum": 9223372036854774784}; {"type": "number", "minimum": 0} -> {"type": "number",
@@ -49,6 +50,8 @@ def bounded_numbers(schema: Any) -> Any:
         return schema
     bounded = {key: value if key in _DATA_KEYWORDS else bounded_numbers(value) for key, value in schema.items()}
     kinds = _types(schema.get("type"))
+    if "enum" in schema or "const" in schema:
+        return bounded  # finite already: a bound could only make a listed value unsatisfiable
     if "integer" in kinds and "number" not in kinds:
         return _with_missing_bounds(bounded, -MAX_INT64, MAX_INT64, "minimum", "maximum")
     if "number" in kinds:
@@ -73,8 +76,15 @@ def _types(declared: Any) -> set[str]:
 def _with_missing_bounds(
     schema: dict[str, Any], low: float, high: float, low_key: str, high_key: str
 ) -> dict[str, Any]:
-    if "minimum" not in schema and "exclusiveMinimum" not in schema:
+    """Adds the lower and upper bound where missing, unless the schema's own other bound lies
+    beyond it (a minimum of 1e20 keeps an integer unbounded above rather than unsatisfiable)."""
+    lows, highs = _bounds(schema, "minimum", "exclusiveMinimum"), _bounds(schema, "maximum", "exclusiveMaximum")
+    if not lows and all(bound > low for bound in highs):
         schema = schema | {low_key: low}
-    if "maximum" not in schema and "exclusiveMaximum" not in schema:
+    if not highs and all(bound < high for bound in lows):
         schema = schema | {high_key: high}
     return schema
+
+
+def _bounds(schema: dict[str, Any], *keys: str) -> list[float]:
+    return [value for key in keys if isinstance(value := schema.get(key), int | float) and not isinstance(value, bool)]

@@ -128,3 +128,17 @@ def test_bounds_the_schema_has_are_kept_and_data_is_not_rewritten():
     }
     assert bounded["properties"]["tag"] == {"const": {"type": "integer"}}
     assert bounded["$defs"]["big"] == {"type": "integer", "exclusiveMaximum": 10, "minimum": -MAX_INT64}
+
+
+def test_a_bound_is_not_added_where_it_would_leave_no_value():
+    high = {"type": "integer", "minimum": 10**20}
+    assert bounded_numbers(high) == high
+    assert bounded_numbers({"type": "number", "maximum": -1e18}) == {
+        "type": "number",
+        "maximum": -1e18,
+        "multipleOf": 1e-10,
+    }
+    listed = {"type": "number", "const": 0.123456789012345}  # 15 digits after the point
+    assert bounded_numbers(listed) == listed
+    output = json_schema_output({"type": "object", "properties": {"x": listed}}, "guided_json")
+    assert write(matcher(output, '{"x":'), "0.123456789012345}")
