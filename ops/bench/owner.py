@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 from ops.bench.results import machine_info, markdown_table, median_with_interval, results_dir, write_json
-from ops.embedded_redis import EmbeddedRedis
+from ops.launch.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.protocol import JobState
 from shared.sampling import SamplingParams
@@ -321,8 +321,7 @@ class _OwnerLoop:
         self._done.set()
 
     def run_request(self, prompt: list[int], params: SamplingParams) -> tuple[float, float, float]:
-        from worker.redis_side.jobs import JobSpec
-        from worker.redis_side.redis_io import JobRef
+        from worker.serving.handoff import JobRef, JobSpec
         from worker.serving.lane_output import OutputOptions
         from worker.serving.owner import StartJob
 

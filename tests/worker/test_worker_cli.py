@@ -51,7 +51,7 @@ def test_defaults_come_from_worker_settings(monkeypatch):
 
 
 def test_the_tool_parser_flag_overrides_the_environment_and_arbor_up_passes_it_on(monkeypatch):
-    from ops.up import _worker_args
+    from ops.launch.up import _worker_args
 
     monkeypatch.setenv("ARBOR_TOOL_PARSER", "mistral")
     assert worker_settings(build_parser().parse_args(["worker"])).tool_parser == "mistral"

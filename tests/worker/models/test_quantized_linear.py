@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.fast_weights import dense_linear
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.row_plan import RowPlan
 from worker.models.weight_packing import KERNEL_DTYPE, as_kernel_sees
 
