@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.json_numbers import JsonNumbers
 from shared.priority import KeyPriority, parse_key_priorities
 from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
@@ -222,6 +223,9 @@ class WorkerSettings(BaseSettings):
     tool_parser: ToolFormat | None = None
     # ARBOR_JSON_WHITESPACE: JSON in forced calls and schemas: `compact` (none between tokens) or `flexible`
     json_whitespace: JsonWhitespace = "compact"
+    # ARBOR_JSON_NUMBERS: numbers in that JSON: `bounded` (integers int64, numbers 17 digits before
+    # the point and 10 after, no exponent) or `flexible` (as the schema says)
+    json_numbers: JsonNumbers = "bounded"
 
     @model_validator(mode="after")
     def _ttl_outlives_interval(self) -> WorkerSettings:

@@ -18,6 +18,10 @@ Whitespace in JSON is bounded: by default none between tokens, with compact sepa
 `disable-any-whitespace`). The flexible form (ARBOR_JSON_WHITESPACE=flexible) allows up to
 `MAX_WHITESPACE` characters at each place JSON allows whitespace; the number of such places is
 not bounded, which is why it is not the default.
+
+Numbers in JSON are bounded the same way (shared/json_numbers.py): by default an integer has at
+most 19 digits (int64) and a number at most 17 digits before the point and 10 after it;
+ARBOR_JSON_NUMBERS=flexible leaves them unbounded, as the schema says.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from shared.json_numbers import JsonNumbers, bounded_json_object, bounded_numbers
 from shared.tool_call_grammar import tool_call_lark
 
 if TYPE_CHECKING:
@@ -59,23 +64,35 @@ class StructuredOutput:
     # (where one did not, the job would fail with an error naming the field, never a 500).
     tool_format: str = "hermes"  # a forced call's format (shared/tool_call_grammar.py)
     whitespace: JsonWhitespace = "compact"
+    numbers: JsonNumbers = "bounded"  # shared/json_numbers.py
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form), uncompiled; `check` says whether it compiles."""
         import llguidance
 
         options = JSON_OPTIONS[self.whitespace]
-        if self.kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=options)
-        if self.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=options)
+        if self.kind == "json_object" or self.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(self._schema(), defaults=options)
         if self.kind == "tool_call":
-            lark = tool_call_lark(json.loads(self.spec), self.tool_format, dict(options))
+            lark = tool_call_lark(self._tool_spec(), self.tool_format, dict(options))
             return llguidance.LLMatcher.grammar_from_lark(lark)
         if self.kind == "choice":
             choices = json.loads(self.spec)
             return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
         return llguidance.grammar_from(self.kind, self.spec)
+
+    def _schema(self) -> Any:
+        bounded = self.numbers == "bounded"
+        if self.kind == "json_object":
+            return bounded_json_object() if bounded else {"type": "object"}
+        schema = json.loads(self.spec)
+        return bounded_numbers(schema) if bounded else schema
+
+    def _tool_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = json.loads(self.spec)
+        if self.numbers == "bounded":
+            spec["functions"] = [f | {"parameters": bounded_numbers(f["parameters"])} for f in spec["functions"]]
+        return spec
 
     def check(self) -> str:
         """The grammar, once llguidance has compiled it; StructuredOutputError otherwise. Cached

@@ -14,7 +14,9 @@ Worked example, one function get_weather(city: string, days: integer), not paral
     llama3_json  call: %json {name const, parameters: the parameters}
     mistral      start: "[TOOL_CALLS][" call ("," call)* "]"   call: %json {name const, arguments}
 
-Parallel calls: `call ("\\n" call)*` (llama3_json: "; " between calls).
+Parallel calls: `call ("\\n" call){0,7}` (llama3_json: "; " between calls), at most
+`MAX_PARALLEL_CALLS`: a small model that keeps calling would otherwise write calls until its
+`max_tokens`. (The worker also ends the turn at a call that repeats an earlier one.)
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from typing import Any, Literal, get_args
 
 ToolFormat = Literal["hermes", "qwen3_xml", "llama3_json", "mistral"]
 TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
+MAX_PARALLEL_CALLS = 8  # calls in one forced turn: more than any tool loop here asks for at once
 _TEXT_CHAR = r"([^<]|<[^/])"  # a bare text value's: anything up to the closing tag's "</"
+
+
+_MORE_CALLS = f"{{0,{MAX_PARALLEL_CALLS - 1}}}"  # after the first call
 
 
 def tool_call_lark(spec: dict[str, Any], tool_format: str, json_options: dict[str, Any]) -> str:
@@ -45,7 +51,7 @@ def _llama3_json(functions: list[dict[str, Any]], parallel: bool, options: dict[
 
 
 def _mistral(functions: list[dict[str, Any]], parallel: bool, options: dict[str, Any]) -> str:
-    calls = 'call ("," call)*' if parallel else "call"
+    calls = f'call ("," call){_MORE_CALLS}' if parallel else "call"
     schema = _json_call(functions, "arguments", options)
     return f'start: "[TOOL_CALLS][" {calls} "]"\ncall: %json {json.dumps(schema)}\n'
 
@@ -100,7 +106,7 @@ def _regex_literal(text: str) -> str:
 
 
 def _start(parallel: bool, separator: str) -> str:
-    return f"start: call ({separator} call)*\n" if parallel else "start: call\n"
+    return f"start: call ({separator} call){_MORE_CALLS}\n" if parallel else "start: call\n"
 
 
 def _json_call(functions: list[dict[str, Any]], arguments_key: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def run_generate(args: argparse.Namespace) -> int:
     settings = WorkerSettings()
     structured = _structured_output(args)
     if structured is not None:
-        structured = replace(structured, whitespace=settings.json_whitespace)
+        structured = replace(structured, whitespace=settings.json_whitespace, numbers=settings.json_numbers)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -164,6 +164,7 @@ def run_generate(args: argparse.Namespace) -> int:
         cache_dir=settings.cache_dir,
         tool_parser=args.tool_parser or settings.tool_parser,
         json_whitespace=settings.json_whitespace,
+        json_numbers=settings.json_numbers,
     )
     if args.chat:
         prompt_ids = served.encode_chat([{"role": "user", "content": args.prompt}])
@@ -318,6 +319,7 @@ def load_worker_model(settings):
         kernel_isa=settings.kernel_isa,
         tool_parser=settings.tool_parser,
         json_whitespace=settings.json_whitespace,
+        json_numbers=settings.json_numbers,
     )
 
 

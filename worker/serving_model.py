@@ -9,6 +9,7 @@ from pathlib import Path
 import tokenizers
 import torch
 
+from shared.json_numbers import JsonNumbers
 from shared.structured_output import JsonWhitespace
 from worker.chat.template import ChatTemplate, ChatTemplateError
 from worker.chat.tool_parser import TOOL_PARSERS, choose_tool_parser
@@ -28,6 +29,7 @@ class ServingModel:
     template: ChatTemplate | None
     tool_parser: str = "hermes"  # the tool-call format its answers are read in (worker/chat/tool_parser.py)
     json_whitespace: JsonWhitespace = "compact"  # JSON in forced calls and schemas (shared/structured_output.py)
+    json_numbers: JsonNumbers = "bounded"  # the same JSON's numbers (shared/json_numbers.py)
     context_limit: str = ""  # why runner.max_context is below the model's own (the capacity gate); "" if not
 
     @property
@@ -63,6 +65,7 @@ def load_serving_model(
     kernel_isa: str = "auto",
     tool_parser: str | None = None,
     json_whitespace: JsonWhitespace = "compact",
+    json_numbers: JsonNumbers = "bounded",
 ) -> ServingModel:
     """`dtype`, `quantize`, `kernels` and `kernel_isa` as worker.models.loader.load_model takes them
     ("float32": the exact path); `tool_parser` None: the one the chat template asks for (logged)."""
@@ -82,7 +85,7 @@ def load_serving_model(
     source = loaded.checkpoint.chat_template
     template = ChatTemplate(source, loaded.checkpoint.special_tokens) if source else None
     parser = _tool_parser(tool_parser, source)
-    return ServingModel(loaded.name, speculation, loaded, runner, template, parser, json_whitespace)
+    return ServingModel(loaded.name, speculation, loaded, runner, template, parser, json_whitespace, json_numbers)
 
 
 def _tool_parser(chosen: str | None, template_source: str | None) -> str:

@@ -15,7 +15,7 @@ from shared.structured_output import (
     json_schema_output,
     tool_call_output,
 )
-from shared.tool_call_grammar import TOOL_FORMATS
+from shared.tool_call_grammar import MAX_PARALLEL_CALLS, TOOL_FORMATS
 from tests.support.tiny_models import train_tokenizer
 
 TOKENIZER = train_tokenizer()
@@ -141,6 +141,24 @@ def test_parallel_tool_calls_allow_several_calls_and_one_call_only_otherwise():
     assert accepts(tool_call_output(functions, True, "tool_choice"), f"{call}\n{noop}")
     assert not accepts(tool_call_output(functions, False, "tool_choice"), f"{call}\n{noop}")
     assert accepts(tool_call_output(functions, False, "tool_choice"), noop)
+
+
+def repeated_calls(tool_format: str, num_calls: int) -> str:
+    """FORCED_CALLS' call `num_calls` times in a row, with the format's separators."""
+    one = FORCED_CALLS[tool_format]
+    if tool_format == "mistral":
+        body = one.removeprefix("[TOOL_CALLS][").removesuffix("]")
+        return "[TOOL_CALLS][" + ",".join([body] * num_calls) + "]"
+    return ("; " if tool_format == "llama3_json" else "\n").join([one] * num_calls)
+
+
+@pytest.mark.parametrize("tool_format", TOOL_FORMATS)
+def test_parallel_forced_calls_stop_at_max_parallel_calls(tool_format):
+    output = replace(
+        tool_call_output([{"name": "trip", "parameters": TRIP}], True, "tool_choice"), tool_format=tool_format
+    )
+    assert accepts(output, repeated_calls(tool_format, MAX_PARALLEL_CALLS))
+    assert not accepts(output, repeated_calls(tool_format, MAX_PARALLEL_CALLS + 1))
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,22 @@ def test_a_single_call_lane_stops_when_its_first_call_closes(tokenizer, in_one_s
     assert not unlimited.stopped
 
 
+@pytest.mark.parametrize("in_one_step", [False, True])
+def test_a_forced_lane_stops_at_a_repeated_call_and_sends_no_content(tokenizer, in_one_step):
+    call = '<tool_call>\n{"name":"f","arguments":{"a":1}}\n</tool_call>'
+    other = '<tool_call>\n{"name":"f","arguments":{"a":12}}\n</tool_call>'
+    token_ids = ids_of(tokenizer, "\n".join([call, other, call, other]))
+    output = LaneOutput(tokenizer, OutputOptions(parse_tool_calls=True, forced_tool_calls=True), [])
+    delta = output.add(token_ids) if in_one_step else LaneDelta()
+    for token in [] if in_one_step else token_ids:
+        delta.extend(output.add([token]))
+    assert output.stopped and output.made_tool_calls
+    delta.extend(output.finish())
+    arguments = ["".join(d["function"]["arguments"] for d in delta.tool_calls if d["index"] == i) for i in (0, 1)]
+    assert arguments == ['{"a":1}', '{"a":12}'] and {d["index"] for d in delta.tool_calls} == {0, 1}
+    assert delta.text == ""
+
+
 def test_echo_goes_out_once_before_the_first_output_and_is_dropped_with_a_replay(tokenizer):
     token_ids = ids_of(tokenizer, " jumps over the dog")
     output = LaneOutput(tokenizer, OutputOptions(echo="The fox"), [])

@@ -109,11 +109,13 @@ def build_spec(
 def _with_structured_output(params: SamplingParams, output: OutputOptions, served: ServingModel) -> SamplingParams:
     """A constraint starts where the answer does: after the think block when the prompt opened
     one (a model that may open the tag itself cannot: the grammar does not allow it). A forced
-    call is written in this model's tool-call format, JSON with this worker's whitespace. Its
+    call is written in this model's tool-call format, JSON with this worker's whitespace and numbers. Its
     grammar is compiled here, off the owner thread, so the owner only copies it."""
     structured, masks = params.structured, served.runner.grammar_masks
     assert structured is not None and masks is not None, "load_serving_model sets the masks"
-    structured = replace(structured, tool_format=served.tool_parser, whitespace=served.json_whitespace)
+    structured = replace(
+        structured, tool_format=served.tool_parser, whitespace=served.json_whitespace, numbers=served.json_numbers
+    )
     params = replace(params, structured=structured)
     reasoning = output.reasoning
     if reasoning is not None and reasoning.starts_in_reasoning:
@@ -163,6 +165,7 @@ def output_options(
         reasoning=_reasoning(request, served, prompt_ids),
         parse_tool_calls=parse_tool_calls,
         single_tool_call=parse_tool_calls and request.parallel_tool_calls is False,
+        forced_tool_calls=parse_tool_calls and params.structured is not None and params.structured.kind == "tool_call",
         tool_parser=served.tool_parser,
         tool_schemas=_tool_schemas(tools or []),
         num_logprobs=num_logprobs,

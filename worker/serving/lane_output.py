@@ -28,8 +28,10 @@ from typing import Any
 import tokenizers
 
 from shared.protocol import PromptLogprob, TokenLogprob, TopLogprob
+from shared.tool_call_grammar import MAX_PARALLEL_CALLS
+from worker.chat.forced_calls import ForcedCalls
 from worker.chat.reasoning import ReasoningParser
-from worker.chat.tool_parser import make_tool_parser
+from worker.chat.tool_parser import ToolParser, make_tool_parser
 from worker.engine.logits_processing import TokenLogprobs
 from worker.engine.prompt_logprobs import PromptLogprobs
 from worker.engine.text_output import TextOutput
@@ -53,6 +55,9 @@ class OutputOptions:
     reasoning: ReasoningOptions | None = None
     parse_tool_calls: bool = False
     single_tool_call: bool = False  # parallel_tool_calls=false: the lane ends when its first call closes
+    # tool_choice required or named: the lane ends at a call that repeats an earlier one
+    # (worker/chat/forced_calls.py), and after MAX_PARALLEL_CALLS calls, as the grammar does
+    forced_tool_calls: bool = False
     tool_parser: str = "hermes"  # a name in worker.chat.tool_parser.TOOL_PARSERS
     tool_schemas: Mapping[str, Any] = field(default_factory=dict)  # function name -> parameters schema
     num_logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
@@ -85,18 +90,15 @@ class LaneOutput:
             if reasoning is not None
             else None
         )
-        max_calls = 1 if options.single_tool_call else None
-        self._tools = (
-            make_tool_parser(options.tool_parser, options.tool_schemas, max_calls) if options.parse_tool_calls else None
-        )
+        self._tools = _tool_parser(options) if options.parse_tool_calls else None
         self.num_reasoning_tokens = 0
         self._forced = False
         self._echo = options.echo  # goes out with the first delta (dropped with it when replayed)
 
     @property
     def stopped(self) -> bool:
-        """A stop string was hit, or the one call allowed has closed: the lane must finish."""
-        return self._text.stopped or self._call_made_alone
+        """A stop string was hit, or the calls allowed have closed: the lane must finish."""
+        return self._text.stopped or self._calls_done
 
     @property
     def stop_sequence(self) -> str | None:
@@ -104,7 +106,8 @@ class LaneOutput:
         return self._text.stop_sequence
 
     @property
-    def _call_made_alone(self) -> bool:
+    def _calls_done(self) -> bool:
+        """The one call allowed, the last a forced turn allows, or a repeated one has closed."""
         return self._tools is not None and self._tools.done
 
     @property
@@ -118,8 +121,8 @@ class LaneOutput:
             return LaneDelta(text=echo + "".join([self._text.add((token,)) for token in token_ids]))
         delta = LaneDelta()
         for token in token_ids:
-            if self._call_made_alone:
-                break  # what a step emitted after the one call is not output
+            if self._calls_done:
+                break  # what a step emitted after the last call is not output
             delta.extend(self._route(self._text.add([token])))
             if self._reasoning is not None and self._reasoning.in_reasoning:
                 self.num_reasoning_tokens += 1
@@ -131,8 +134,8 @@ class LaneOutput:
         return echo
 
     def finish(self) -> LaneDelta:
-        """Everything held back, at the end of the lane (nothing, after the one call allowed)."""
-        if self._call_made_alone:
+        """Everything held back, at the end of the lane (nothing, after the last call allowed)."""
+        if self._calls_done:
             return LaneDelta()
         delta = self._route(self._text.finish())
         delta.text = self.take_echo() + delta.text  # a lane that generated nothing (max_tokens 0)
@@ -169,6 +172,14 @@ class LaneOutput:
             return LaneDelta(text=text)
         parsed = self._tools.feed(text)
         return LaneDelta(text=parsed.content, tool_calls=parsed.tool_calls)
+
+
+def _tool_parser(options: OutputOptions) -> ToolParser:
+    if options.single_tool_call:
+        return make_tool_parser(options.tool_parser, options.tool_schemas, max_calls=1)
+    if options.forced_tool_calls:
+        return ForcedCalls(make_tool_parser(options.tool_parser, options.tool_schemas, MAX_PARALLEL_CALLS))
+    return make_tool_parser(options.tool_parser, options.tool_schemas)
 
 
 def format_logprobs(tokenizer: tokenizers.Tokenizer, entries: Sequence[TokenLogprobs]) -> list[TokenLogprob]:

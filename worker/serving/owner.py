@@ -235,7 +235,7 @@ class Owner:
             finished,
             resume.next_seq,
             holdable=not output.stop
-            and not output.single_tool_call
+            and not (output.single_tool_call or output.forced_tool_calls)
             and (output.reasoning is None or output.reasoning.budget is None),
         )
         self._jobs[spec.request_id] = job
