@@ -67,6 +67,10 @@ SKIPPED_ITEM_TYPES = frozenset(
 class _Item(Lenient):
     refused_when_strict = False
 
+    # What every replayed output item carries; nothing in them changes the answer.
+    id: str | None = None
+    status: str | None = None
+
 
 class TextContent(_Item):
     """`input_text` (what a client writes) or `output_text` (an earlier answer, replayed)."""
@@ -134,6 +138,7 @@ class ReasoningItem(_Item):
     type: Literal["reasoning"]
     content: list[ReasoningPart] | None = None
     summary: list[ReasoningPart] = Field(default_factory=list)
+    encrypted_content: str | None = None  # OpenAI's own models' reasoning, sealed: nothing to open here
 
     def text(self) -> str:
         return "".join(part.text for part in self.content or [] if part.type == "reasoning_text")
@@ -297,6 +302,7 @@ class ResponsesRequest(Lenient):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None  # the prefill cache needs no key: a shared prefix is found
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    client_metadata: dict[str, Any] | None = None  # Codex's: its session and turn ids, a tag
     service_tier: str | None = None
     conversation: Any = None
     prompt: Any = None
