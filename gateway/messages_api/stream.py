@@ -14,10 +14,10 @@
 
 A delta event may carry reasoning, text and tool-call fragments at once (a step's tokens); they go
 out in that order, each opening its block when the one before was of another kind. message_start
-waits for the job's first event, as Anthropic's does for the prompt's count: it carries the
-prompt's size (the first delta's `prompt_tokens`, which the worker sets); how much of it the
-prefill cache served is known at the end, so message_delta carries the final counts (the
-anthropic SDK takes input and cache counts from message_delta when present).
+waits for the job's first event, as Anthropic's does for the prompt's count: its usage is the
+prompt's size and the prefill cache's share (the first delta's `prompt_tokens` and
+`cached_tokens`, which the worker sets); message_delta carries the final counts (the anthropic SDK
+takes input and cache counts from message_delta when present).
 """
 
 from __future__ import annotations
@@ -48,10 +48,13 @@ class MessageStream:
         if self._started:
             return self._events(event)
         self._started = True
-        prompt_tokens = event.prompt_tokens if isinstance(event, DeltaEvent) else event.usage.prompt_tokens
-        return self.opening(prompt_tokens or 0) + self._events(event)
+        if isinstance(event, DeltaEvent):
+            opening = self.opening(event.prompt_tokens or 0, event.cached_tokens or 0)
+        else:
+            opening = self.opening(event.usage.prompt_tokens, event.usage.cached_tokens)
+        return opening + self._events(event)
 
-    def opening(self, prompt_tokens: int) -> list[Event]:
+    def opening(self, prompt_tokens: int, cached_tokens: int) -> list[Event]:
         message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
@@ -60,7 +63,7 @@ class MessageStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": reply.usage(prompt_tokens, 0, 0),
+            "usage": reply.usage(prompt_tokens, 0, cached_tokens),
         }
         return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
 

@@ -154,6 +154,22 @@ def test_a_claude_code_body_streams_with_message_start_counting_the_prompt(gatew
     assert '"stop_reason":"max_tokens"' in frames[-2]
 
 
+def test_message_start_reports_the_prefill_caches_share_as_message_delta_does(gateway: GatewayServer) -> None:
+    """The same body again: whatever the cache served, the start and the end agree on it."""
+    client = _anthropic(gateway)
+    body = {key: value for key, value in CLAUDE_CODE_BODY.items() if key in ("model", "system", "messages", "tools")}
+    body |= {"max_tokens": 8, "extra_body": {"ignore_eos": True}}
+    client.messages.create(**body)
+
+    with client.messages.stream(**body) as stream:
+        started = next(iter(stream))
+        final = stream.get_final_message()
+
+    assert started.type == "message_start"
+    start, end = started.message.usage, final.usage
+    assert (start.input_tokens, start.cache_read_input_tokens) == (end.input_tokens, end.cache_read_input_tokens)
+
+
 CODEX_BODY: dict[str, Any] = {
     "model": MODEL,
     "instructions": "You are Codex.",

@@ -46,7 +46,7 @@ def _every_route(gateway: GatewayServer) -> None:
     client.responses.create(
         model=MODEL,
         input=[{"role": "user", "content": "hi"}],
-        extra_body={"client_metadata": {"x": "1"}, "text": {"verbosity": "low", "colour": "blue"}},
+        extra_body={"frobnicate": {"x": "1"}, "text": {"verbosity": "low", "colour": "blue"}},
     )
     claude = _anthropic(gateway)
     thinking: Any = {"type": "adaptive", "future_knob": "on"}
@@ -62,7 +62,7 @@ COUNTED = [
     ("/v1/chat/completions", "messages.*.mood"),
     ("/v1/completions", "frobnicate"),
     ("/v1/completions", "response_format.hint"),
-    ("/v1/responses", "client_metadata"),
+    ("/v1/responses", "frobnicate"),
     ("/v1/responses", "text.colour"),
     ("/v1/messages", "frobnicate"),
     ("/v1/messages", "thinking.future_knob"),
@@ -120,7 +120,7 @@ def test_replayed_sdk_blocks_with_null_fields_are_accepted(gateway: GatewayServe
     [
         ("/v1/chat/completions", {"model": MODEL, "messages": [USER | {"mood": 1}]}, "messages.0.mood"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "frobnicate": 1}, "frobnicate"),
-        ("/v1/responses", {"model": MODEL, "input": "hi", "client_metadata": {}}, "client_metadata"),
+        ("/v1/responses", {"model": MODEL, "input": "hi", "frobnicate": {}}, "frobnicate"),
         (
             "/v1/messages",
             {"model": MODEL, "max_tokens": 8, "messages": [USER], "thinking": {"type": "adaptive", "knob": 1}},

@@ -39,7 +39,8 @@ def _with_prompt_size(job: Job) -> list[Step]:
     """The worker's way: the first delta says how long the prompt is, the final one the usage."""
     end = final("stop", prompt_tokens=PROMPT_TOKENS, completion_tokens=2)
     end.event["usage"]["cached_tokens"] = 32
-    return [delta("Hel", token_ids=[1], prompt_tokens=PROMPT_TOKENS), delta("lo", token_ids=[2]), end]
+    first = delta("Hel", token_ids=[1], prompt_tokens=PROMPT_TOKENS, cached_tokens=32)
+    return [first, delta("lo", token_ids=[2]), end]
 
 
 def test_system_entries_join_the_system_prompt_in_order(gateway: GatewayServer, make_peer) -> None:
@@ -59,20 +60,18 @@ def test_system_entries_join_the_system_prompt_in_order(gateway: GatewayServer, 
     assert ignored == [], "every field Claude Code sends is a known one"
 
 
-def test_message_start_reports_the_prompts_size_and_message_delta_the_cache(gateway: GatewayServer, make_peer) -> None:
+def test_message_start_reports_the_prompt_and_the_caches_share_as_message_delta_does(
+    gateway: GatewayServer, make_peer
+) -> None:
     make_peer(script=_with_prompt_size)
 
     events = _sse(gateway, CLAUDE_CODE_BODY)
 
     names = [name for name, _ in events]
     assert names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta", "message_stop"]
-    assert events[0][1]["message"]["usage"]["input_tokens"] == PROMPT_TOKENS
-    assert events[-2][1]["usage"] == {
-        "input_tokens": PROMPT_TOKENS - 32,
-        "output_tokens": 2,
-        "cache_read_input_tokens": 32,
-        "cache_creation_input_tokens": 0,
-    }
+    start_usage = {"input_tokens": PROMPT_TOKENS - 32, "cache_read_input_tokens": 32, "cache_creation_input_tokens": 0}
+    assert events[0][1]["message"]["usage"] == start_usage | {"output_tokens": 0}
+    assert events[-2][1]["usage"] == start_usage | {"output_tokens": 2}
 
 
 def test_the_sdk_reads_the_stream_of_a_claude_code_body(gateway: GatewayServer, make_peer) -> None:
@@ -85,7 +84,8 @@ def test_the_sdk_reads_the_stream_of_a_claude_code_body(gateway: GatewayServer, 
         started = next(iter(stream))
         message = stream.get_final_message()
 
-    assert started.type == "message_start" and started.message.usage.input_tokens == PROMPT_TOKENS
+    usage = started.message.usage
+    assert started.type == "message_start" and (usage.input_tokens, usage.cache_read_input_tokens) == (9, 32)
     assert message.content[0].type == "text" and message.content[0].text == "Hello"
     assert message.stop_reason == "end_turn"
 

@@ -71,6 +71,7 @@ def test_a_chat_job_streams_exactly_what_generate_produces(redis_server, client,
     deltas = [event for event in events if isinstance(event, DeltaEvent)]
     # The first delta says how long the prompt is (Anthropic's message_start), and only the first
     assert [delta.prompt_tokens for delta in deltas] == [len(prompt_ids)] + [None] * (len(deltas) - 1)
+    assert deltas[0].cached_tokens == final.usage.cached_tokens
     assert all(e.attempt == 1 and e.id == request_id for e in events)
     assert beat.ready and beat.model == MODEL and beat.speculation == "ngram"
     assert beat.tokens >= len(expected.token_ids) and beat.steps > 0 and beat.lanes_total == config.max_lanes
