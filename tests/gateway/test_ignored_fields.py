@@ -10,6 +10,7 @@ import anthropic
 import openai
 import pytest
 
+from gateway.request_body import MAX_FIELD_LABELS, OTHER_FIELDS
 from shared.protocol import Job
 from tests.gateway.conftest import MODEL, GatewayServer
 from tests.gateway.protocol_peer import ProtocolPeer, Step, delta, final
@@ -142,3 +143,17 @@ def test_the_strict_setting_refuses_unknown_fields_by_name(
     error = reply.json()["error"]
     assert f"Unknown field {param!r}" in error["message"], error
     assert peer.jobs == []
+
+
+def test_made_up_field_names_cannot_grow_the_metrics_without_end(make_gateway, make_peer) -> None:
+    gateway = make_gateway()
+    make_peer(script=_answering)
+    http = gateway.http()
+    for batch in range(3):
+        names = {f"made_up_{batch}_{index}": 1 for index in range(100)}
+        assert http.post("/tokenize", json={"prompt": "hi"} | names).status_code == 200
+
+    ignored = [line for line in http.get("/metrics").text.splitlines() if line.startswith(IGNORED + "{")]
+
+    assert len(ignored) == MAX_FIELD_LABELS + 1
+    assert _sample("\n".join(ignored), IGNORED, field=OTHER_FIELDS, route="/tokenize") == 1  # one request past it
