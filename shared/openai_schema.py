@@ -107,6 +107,14 @@ class StructuredOutputs(Lenient):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: Any = None  # known so that it is refused, not ignored: it would constrain the text
+
+    @field_validator("structural_tag")
+    @classmethod
+    def _no_structural_tag(cls, value: Any) -> Any:
+        if value is not None:
+            raise UnsupportedField("structured_outputs.structural_tag", "is not supported")
+        return value
 
     def structured_outputs(self) -> list[StructuredOutput]:
         found = []
