@@ -1,9 +1,11 @@
 """The request bodies of /v1/chat/completions and /v1/completions, validated strictly.
 
-Every field a vLLM user sends is either handled or refused by name: unknown fields are
-rejected (`extra="forbid"`), and understood-but-unsupported values raise `UnsupportedField`.
+Every field a vLLM user sends is either handled or refused by name: understood-but-unsupported
+values raise `UnsupportedField`; a field Arbor does not know is ignored, as vLLM ignores it
+(`shared.request_fields`: logged, counted, a 400 under `ARBOR_STRICT_REQUEST_FIELDS`).
 Types are strict: "5" is not a number and "true" is not a boolean (ints are fine for floats).
-Deployment limits (max_tokens cap, n cap) come in through the validation context:
+Deployment limits (max_tokens cap, n cap) come in through the validation context; a max_tokens
+above the cap is lowered to it, as llama.cpp's server does, not refused:
 
     ChatCompletionRequest.model_validate_json(raw, context=limits_context(Limits(8192, 8, 64)))
 
@@ -19,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.openai_messages import Message, Tool, ToolChoice
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY
+from shared.request_fields import Lenient
 from shared.sampling import LOGIT_BIAS_LIMIT, SamplingParams
 from shared.structured_output import (
     StructuredOutput,
@@ -59,17 +62,15 @@ def _limits(info: ValidationInfo) -> Limits | None:
     return (info.context or {}).get("limits")
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(Lenient):
     """`response_format.json_schema`: the answer is JSON that validates against `schema`. `strict`
     is accepted either way: the schema is always enforced token by token, never just suggested."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
@@ -77,10 +78,8 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Lenient):
     """`text`, `json_object` (the answer is one JSON object) or `json_schema` (one that validates)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -99,17 +98,23 @@ class ResponseFormat(BaseModel):
         return None
 
 
-class StructuredOutputs(BaseModel):
+class StructuredOutputs(Lenient):
     """vLLM's `structured_outputs`: one of json (a schema), regex, choice, grammar (Lark or GBNF)
     or json_object."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: Any = None  # known so that it is refused, not ignored: it would constrain the text
+
+    @field_validator("structural_tag")
+    @classmethod
+    def _no_structural_tag(cls, value: Any) -> Any:
+        if value is not None:
+            raise UnsupportedField("structured_outputs.structural_tag", "is not supported")
+        return value
 
     def structured_outputs(self) -> list[StructuredOutput]:
         found = []
@@ -126,10 +131,8 @@ class StructuredOutputs(BaseModel):
         return found
 
 
-class _GenerationRequest(BaseModel):
+class _GenerationRequest(Lenient):
     """Fields both endpoints share: the model, streaming, n and sampling."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(min_length=1)
     stream: bool = False
@@ -172,9 +175,11 @@ class _GenerationRequest(BaseModel):
     @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
     @classmethod
     def _max_tokens_within_cap(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """Lowered to the deployment's cap rather than refused (the worker lowers it further to the
+        room the prompt leaves): agent CLIs ask for 32000 whatever the model."""
         limits = _limits(info)
-        if value is not None and limits is not None and value > limits.max_tokens:
-            raise ValueError(f"{info.field_name}={value} exceeds the limit of {limits.max_tokens}")
+        if value is not None and limits is not None:
+            return min(value, limits.max_tokens)
         return value
 
     @field_validator("stop")
@@ -264,9 +269,6 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     reasoning_budget: int | None = Field(None, ge=0)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    # Arbor's: lower max_tokens to the room the prompt leaves in the model's context instead of
-    # refusing the request (set by /v1/messages: Claude Code asks for 32000 whatever the model)
-    fit_max_tokens: bool = False
     # OpenAI platform fields. Each is accepted where its value asks for what Arbor does anyway and
     # refused by name where it asks for more: Arbor stores nothing and has one tier and text only.
     store: bool | None = None

@@ -72,7 +72,8 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     # ARBOR_CLIENT_TIMEOUT_S: a client this slow to send or read is dropped
     client_timeout_s: float = Field(30.0, gt=0)
-    # ARBOR_MAX_TOKENS_CAP: largest `max_tokens` accepted
+    # ARBOR_MAX_TOKENS_CAP: most tokens one answer may ask for: a larger `max_tokens` is lowered to it (and by the
+    # worker to the room the prompt leaves in the context)
     max_tokens_cap: int = Field(8192, ge=1)
     # ARBOR_DEFAULT_MAX_TOKENS: `max_tokens` when a request sets none
     default_max_tokens: int = Field(1024, ge=1)
@@ -94,6 +95,9 @@ class GatewaySettings(BaseSettings):
     log_level: str = "info"
     # ARBOR_KEY_PRIORITIES: `key=default:cap,...`: an API key's default `priority` and the best it may claim
     key_priorities: Annotated[dict[str, KeyPriority], NoDecode] = Field(default_factory=dict)
+    # ARBOR_STRICT_REQUEST_FIELDS: an unknown field in a request body is a 400 naming it (default: ignored, logged
+    # once, counted in `arbor_ignored_request_fields_total{route,field}`)
+    strict_request_fields: bool = False
     # ARBOR_PLACEMENT: offer a job first to the worker whose prefill cache holds its conversation's prefix (`0`:
     # first free worker)
     placement: bool = True

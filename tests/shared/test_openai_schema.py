@@ -1,4 +1,5 @@
-"""Request validation: what vLLM users send is handled or refused by name, never ignored."""
+"""Request validation: what vLLM users send is handled or refused by name; what no field of
+Arbor's is named is left aside, with its path, for the gateway to log and count."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from shared.openai_schema import (
     limits_context,
     to_sampling_params,
 )
+from shared.request_fields import take_unknown
 from shared.structured_output import StructuredOutput
 
 LIMITS = limits_context(Limits(max_tokens=1000, max_n=4, max_prompts=64))
@@ -240,7 +242,6 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
         ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
-        ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"reasoning_budget": 10, "reasoning_effort": "low"}, "reasoning_effort"),
         ({"logit_bias": {"a": 2.0}}, "logit_bias"),
@@ -256,14 +257,11 @@ def test_no_reasoning_budget_means_unbounded() -> None:
         ),
         ({"response_format": {"type": "json_object"}, "min_tokens": 1}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"max_tokens": 1001}, "max_tokens"),
-        ({"max_completion_tokens": 1001}, "max_completion_tokens"),
         ({"n": 5}, "n"),
         ({"stop": ["ok", ""]}, "stop"),
         ({"seed": "lucky"}, "seed"),
         ({"max_tokens": "5"}, "max_tokens"),  # strict: numbers in strings are a client bug
         ({"stream": "true"}, "stream"),
-        ({"frobnicate": True}, "frobnicate"),
         ({"store": True}, "store"),
         ({"service_tier": "flex"}, "service_tier"),
         ({"modalities": ["text", "audio"]}, "modalities"),
@@ -291,7 +289,6 @@ def test_refused_chat_fields_are_named(fields: dict, param: str) -> None:
         ({"prompt": [[]]}, "prompt"),
         ({"prompt": [5, -1]}, "prompt"),
         ({"logprobs": 21}, "logprobs"),
-        ({"messages": USER}, "messages"),
     ],
 )
 def test_refused_completion_fields_are_named(fields: dict, param: str) -> None:
@@ -328,6 +325,12 @@ def test_completion_prompt_forms() -> None:
     assert CompletionRequest(model="m", prompt=[[3, 1], [2]]).prompts() == [[3, 1], [2]]
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_over_the_cap_is_lowered_to_it(field: str) -> None:
+    assert chat(**{field: 32000}).requested_max_tokens() == 1000
+    assert chat(**{field: 999}).requested_max_tokens() == 999
+
+
 def test_limits_are_not_rechecked_without_a_context() -> None:
     """A worker re-reading a job body needs no deployment limits."""
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": USER, "max_tokens": 10**6, "n": 50})
@@ -336,10 +339,27 @@ def test_limits_are_not_rechecked_without_a_context() -> None:
 
 
 @given(name=st.from_regex(r"[a-z_]{1,20}", fullmatch=True))
-def test_any_unknown_top_level_field_is_refused_by_name(name: str) -> None:
+def test_any_unknown_top_level_field_is_taken_out_by_name(name: str) -> None:
     if name in ChatCompletionRequest.model_fields:
         return
-    assert refused(**{name: 1})[0] == name
+    req = chat(**{name: 1})
+    assert [field.path for field in take_unknown(req)] == [name]
+    assert name not in json.loads(req.model_dump_json())  # so no job carries it
+
+
+def test_unknown_fields_are_found_at_any_depth_with_their_paths() -> None:
+    message = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": None}], "mood": 1}
+    req = chat(messages=[message], response_format={"type": "text", "hint": 2}, frobnicate=True)
+
+    found = take_unknown(req)
+
+    assert [(field.path, field.label) for field in found] == [
+        ("frobnicate", "frobnicate"),
+        ("response_format.hint", "response_format.hint"),
+        ("messages.0.mood", "messages.*.mood"),
+        ("messages.0.content.0.cache_control", "messages.*.content.*.cache_control"),
+    ]
+    assert take_unknown(req) == []  # taken out: the body is clean now
 
 
 @given(

@@ -145,6 +145,8 @@ class _Job:
     finished: list[int]  # choices whose final event went out
     next_seq: int
     shown: bool = False  # a delta with visible output (text, reasoning, tool calls) was queued
+    prompt_reported: bool = False  # a delta carrying the prompt's size was queued
+    prefix_tokens: int = 0  # of the prompt, reused from the prefill cache (known once a lane prefilled)
     # Its steps need no per-step decision from their text: no stop strings, no reasoning budget, no
     # single-call limit (logprobs, kept per step, are checked per lane). Such a lane's tokens may be
     # held (`Owner`).
@@ -332,6 +334,7 @@ class Owner:
 
     def _on_tokens(self, job: _Job, choice: int, state: LaneState, token_ids: list[int]) -> None:
         job.emitted[choice].extend(token_ids)
+        job.prefix_tokens = job.prefix_tokens or state.prefix_tokens
         key = (job.spec.request_id, choice)
         if job.shown and job.holdable and not state.finished and state.num_logprobs is None:
             self._held.setdefault(key, []).extend(token_ids)  # through the output when the sink is due
@@ -457,6 +460,8 @@ class Owner:
             return
         first_output = not job.shown  # up to the first visible output, nothing may wait (TTFT)
         job.shown = job.shown or not delta.empty
+        num_prompt = None if job.prompt_reported else len(job.spec.prompt_ids)
+        job.prompt_reported = True
         # A step that emitted several tokens of one call says so in one entry per call index (the
         # openai SDK and agent frameworks merge deltas by index and break on repeats in a chunk).
         tool_calls = (
@@ -476,6 +481,8 @@ class Owner:
                 list(token_ids),
                 tool_calls,
                 logprobs,
+                prompt_tokens=num_prompt,
+                cached_tokens=None if num_prompt is None else min(job.prefix_tokens, num_prompt),
             ),
             first_output,
         )

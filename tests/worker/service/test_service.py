@@ -68,6 +68,10 @@ def test_a_chat_job_streams_exactly_what_generate_produces(redis_server, client,
     assert isinstance(final, FinalEvent) and final.finish_reason == expected.finish_reason
     assert final.usage.prompt_tokens == len(prompt_ids) and final.usage.completion_tokens == len(expected.token_ids)
     assert final.stats.speculation == "ngram" and final.stats.target_forwards == expected.stats.target_forwards
+    deltas = [event for event in events if isinstance(event, DeltaEvent)]
+    # The first delta says how long the prompt is (Anthropic's message_start), and only the first
+    assert [delta.prompt_tokens for delta in deltas] == [len(prompt_ids)] + [None] * (len(deltas) - 1)
+    assert deltas[0].cached_tokens == final.usage.cached_tokens
     assert all(e.attempt == 1 and e.id == request_id for e in events)
     assert beat.ready and beat.model == MODEL and beat.speculation == "ngram"
     assert beat.tokens >= len(expected.token_ids) and beat.steps > 0 and beat.lanes_total == config.max_lanes
