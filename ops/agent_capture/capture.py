@@ -41,8 +41,9 @@ def capture_one(cli: AgentCli, bin_dir: Path, base_url: str, model: str, prompt:
         root = Path(temp)
         with logging_proxy(base_url, root / "records") as proxy_url:
             run = run_cli(cli, bin_dir, root, proxy_url, model, prompt)
+        for old in out.glob(f"{cli.name}-[0-9]*"):  # a refresh replaces every recorded version
+            shutil.rmtree(old)
         target = out / f"{cli.name}-{cli.version}"
-        shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         for record_path in sorted((root / "records").glob("*.json")):
             text = record_path.read_text().replace(str(root), STABLE_ROOT)

@@ -13,6 +13,7 @@ nothing it sent was answered 4xx/5xx.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import threading
@@ -117,11 +118,13 @@ def create_proxy_app(upstream_url: str, log_dir: Path) -> Starlette:
         response_headers = {k: v for k, v in upstream.headers.items() if k not in HOP_HEADERS | {"content-encoding"}}
         return StreamingResponse(_relay(upstream, log, name, exchange), upstream.status_code, response_headers)
 
-    async def close_client() -> None:
-        await client.aclose()
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with client:
+            yield
 
     route = Route("/{path:path}", forward, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
-    return Starlette(routes=[route], on_shutdown=[close_client])
+    return Starlette(routes=[route], lifespan=lifespan)
 
 
 async def _relay(upstream: httpx.Response, log: ExchangeLog, name: str, exchange: Exchange) -> AsyncIterator[bytes]:

@@ -62,12 +62,17 @@ def free_port() -> int:
 
 
 def install_clis(prefix: Path, names: list[str], versions: dict[str, str]) -> list[AgentCli]:
-    """npm-installs the CLIs under `prefix` (a no-op when they are there at those versions)."""
+    """npm-installs the CLIs under `prefix` (quick when they are there already), at their pins or
+    at `versions[name]` (`latest` too); returns them with the versions npm installed."""
     pinned = [AGENT_CLIS[name] for name in names]
-    clis = [dataclasses.replace(cli, version=versions.get(cli.name, cli.version)) for cli in pinned]
+    specs = [f"{cli.package}@{versions.get(cli.name, cli.version)}" for cli in pinned]
     command = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error"]
-    subprocess.run([*command, *(cli.spec for cli in clis)], check=True, timeout=INSTALL_TIMEOUT_S)
-    return clis
+    subprocess.run([*command, *specs], check=True, timeout=INSTALL_TIMEOUT_S)
+    return [dataclasses.replace(cli, version=installed_version(prefix, cli.package)) for cli in pinned]
+
+
+def installed_version(prefix: Path, package: str) -> str:
+    return str(json.loads((prefix / "node_modules" / package / "package.json").read_text())["version"])
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -81,7 +86,7 @@ def run_cli(cli: AgentCli, bin_dir: Path, root: Path, base_url: str, model: str,
     (project / "README.md").write_text(README)
     args, env = cli.prepare(home, base_url, model)
     started = time.monotonic()
-    command = [str(bin_dir / cli.binary), *args, prompt]
+    command = [str((bin_dir / cli.binary).resolve()), *args, prompt]
     with subprocess.Popen(
         command, cwd=project, env=_child_env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,
