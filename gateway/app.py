@@ -29,6 +29,7 @@ from gateway.middleware.auth import AuthMiddleware
 from gateway.middleware.disconnect import DisconnectMiddleware
 from gateway.middleware.request_metrics import RequestMetricsMiddleware
 from gateway.openapi import openapi
+from gateway.request_body import BodyParser
 from gateway.responses_api.routes import create_response, delete_response, retrieve_response
 from gateway.routes.generate import chat_completions, completions
 from gateway.routes.health import health, livez, readyz
@@ -76,7 +77,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
         limits = Limits(max_tokens=settings.max_tokens_cap, max_n=settings.max_n, max_prompts=settings.max_prompts)
         try:
             admission = Admission(redis)
-            yield {"services": Services(settings, redis, hub, gateway_metrics, limits, admission)}
+            bodies = BodyParser(settings.strict_request_fields, gateway_metrics.ignored_fields)
+            yield {"services": Services(settings, redis, hub, gateway_metrics, limits, admission, bodies)}
         finally:
             await hub.stop()
             with anyio.move_on_after(settings.redis_timeout_s):

@@ -14,6 +14,8 @@ Measured here, per request:
     arbor_e2e_request_latency_seconds                 arrival -> last event
     arbor_request_queue_time_seconds                  from the final event's stats.queue_s
     arbor_event_repairs_total                         events recovered from the event log
+    arbor_ignored_request_fields_total{route,field}   requests carrying an unknown field, ignored
+                                                      (field: its path, list indices as `*`)
 Read from Redis at scrape time (`fleet.FleetSnapshot`), labelled by model (and mode):
     arbor_redis_up, arbor_queue_waiting, arbor_queue_pending, arbor_queue_oldest_age_seconds,
     arbor_dead_letters, arbor_workers_live, arbor_workers_ready, arbor_lanes_total,
@@ -103,6 +105,12 @@ class GatewayMetrics:
             "arbor_request_failures", "Accepted requests that ended in an error", ["code"], registry=r
         )
         self.event_repairs = Counter("arbor_event_repairs", "Events recovered from the event log", registry=r)
+        self.ignored_fields = Counter(
+            "arbor_ignored_request_fields",
+            "Requests carrying an unknown field, ignored",
+            ["route", "field"],
+            registry=r,
+        )
         self.fleet = FleetCollector()
         r.register(self.fleet)
 

@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from gateway.admission import Admission
 from gateway.hub import EventHub
 from gateway.metrics import GatewayMetrics
+from gateway.request_body import BodyParser
 from shared.openai_schema import Limits
 from shared.settings import GatewaySettings
 
@@ -21,3 +22,4 @@ class Services:
     metrics: GatewayMetrics
     limits: Limits
     admission: Admission
+    bodies: BodyParser  # every route's request validation

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from shared.request_fields import Lenient
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TextPart(_Strict):
+class TextPart(Lenient):
     type: Literal["text"]
     text: str
 
@@ -45,30 +43,30 @@ def content_text(content: str | list[TextPart] | None) -> str:
     return "".join(part.text for part in content)
 
 
-class ToolCallFunction(_Strict):
+class ToolCallFunction(Lenient):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(_Strict):
+class ToolCall(Lenient):
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class SystemMessage(_Strict):
+class SystemMessage(Lenient):
     role: Literal["system", "developer"]
     content: Content
     name: str | None = None
 
 
-class UserMessage(_Strict):
+class UserMessage(Lenient):
     role: Literal["user"]
     content: Content
     name: str | None = None
 
 
-class AssistantMessage(_Strict):
+class AssistantMessage(Lenient):
     role: Literal["assistant"]
     content: Content | None = None
     name: str | None = None
@@ -76,7 +74,7 @@ class AssistantMessage(_Strict):
     reasoning_content: str | None = None  # earlier turns' reasoning, for templates that use it
 
 
-class ToolMessage(_Strict):
+class ToolMessage(Lenient):
     role: Literal["tool"]
     content: Content
     tool_call_id: str
@@ -85,23 +83,23 @@ class ToolMessage(_Strict):
 Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(Lenient):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # JSON Schema
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Lenient):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Lenient):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Lenient):
     type: Literal["function"]
     function: NamedFunction
 

@@ -1,7 +1,8 @@
 """The request bodies of /v1/chat/completions and /v1/completions, validated strictly.
 
-Every field a vLLM user sends is either handled or refused by name: unknown fields are
-rejected (`extra="forbid"`), and understood-but-unsupported values raise `UnsupportedField`.
+Every field a vLLM user sends is either handled or refused by name: understood-but-unsupported
+values raise `UnsupportedField`; a field Arbor does not know is ignored, as vLLM ignores it
+(`shared.request_fields`: logged, counted, a 400 under `ARBOR_STRICT_REQUEST_FIELDS`).
 Types are strict: "5" is not a number and "true" is not a boolean (ints are fine for floats).
 Deployment limits (max_tokens cap, n cap) come in through the validation context:
 
@@ -19,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.openai_messages import Message, Tool, ToolChoice
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY
+from shared.request_fields import Lenient
 from shared.sampling import LOGIT_BIAS_LIMIT, SamplingParams
 from shared.structured_output import (
     StructuredOutput,
@@ -59,17 +61,15 @@ def _limits(info: ValidationInfo) -> Limits | None:
     return (info.context or {}).get("limits")
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(Lenient):
     """`response_format.json_schema`: the answer is JSON that validates against `schema`. `strict`
     is accepted either way: the schema is always enforced token by token, never just suggested."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
@@ -77,10 +77,8 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Lenient):
     """`text`, `json_object` (the answer is one JSON object) or `json_schema` (one that validates)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -99,11 +97,9 @@ class ResponseFormat(BaseModel):
         return None
 
 
-class StructuredOutputs(BaseModel):
+class StructuredOutputs(Lenient):
     """vLLM's `structured_outputs`: one of json (a schema), regex, choice, grammar (Lark or GBNF)
     or json_object."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
@@ -126,10 +122,8 @@ class StructuredOutputs(BaseModel):
         return found
 
 
-class _GenerationRequest(BaseModel):
+class _GenerationRequest(Lenient):
     """Fields both endpoints share: the model, streaming, n and sampling."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(min_length=1)
     stream: bool = False

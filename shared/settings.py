@@ -73,6 +73,8 @@ class GatewaySettings(BaseSettings):
     log_level: str = "info"  # ARBOR_LOG_LEVEL
     # ARBOR_KEY_PRIORITIES="key=default:cap,...": a key's default priority and the best it may claim
     key_priorities: Annotated[dict[str, KeyPriority], NoDecode] = Field(default_factory=dict)
+    # ARBOR_STRICT_REQUEST_FIELDS: an unknown field in a request body is a 400 naming it, not ignored
+    strict_request_fields: bool = False
     placement: bool = True  # ARBOR_PLACEMENT: offer a job first to the worker holding its prefix
     offer_wait_s: float = Field(0.5, gt=0)  # ARBOR_OFFER_WAIT_S: how long an unread offer waits for its worker
 

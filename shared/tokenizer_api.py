@@ -19,15 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.openai_messages import Message, Tool
 from shared.openai_schema import UnsupportedField
+from shared.request_fields import Lenient
 
 MAX_DETOKENIZE_TOKENS = 1 << 20  # a body cap bounds it first; this keeps a worker's reply bounded too
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TokenizeRequest(_Strict):
+class TokenizeRequest(Lenient):
     """vLLM's TokenizeCompletionRequest or TokenizeChatRequest: `prompt` or `messages`, not both."""
 
     model: str | None = Field(None, min_length=1)  # optional, as vLLM's: the one model served
@@ -50,7 +47,7 @@ class TokenizeRequest(_Strict):
         return self
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(Lenient):
     model: str | None = Field(None, min_length=1)
     tokens: list[int] = Field(max_length=MAX_DETOKENIZE_TOKENS)
 

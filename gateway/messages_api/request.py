@@ -1,9 +1,10 @@
 """The body of `POST /v1/messages`, as Anthropic documents it and Claude Code sends it.
 
 What cannot change the answer is accepted and ignored: `cache_control` on any block, `metadata`,
-`service_tier`, `container`, `mcp_servers`, `context_management` and any other top-level field a
-newer client adds (`extra="ignore"` at the top level only), a thinking block's `signature`,
-`redacted_thinking` blocks. What would change it and Arbor cannot do (images, documents, a block
+`service_tier`, `container`, `mcp_servers`, `context_management`, a thinking block's `signature`,
+`redacted_thinking` blocks, and any field a newer client adds, at any depth (`shared.request_fields`:
+logged and counted; under `ARBOR_STRICT_REQUEST_FIELDS` a 400 below the top level, where
+unknown fields were always ignored). What would change it and Arbor cannot do (images, documents, a block
 type it does not know) is refused by name.
 """
 
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY
+from shared.request_fields import Lenient
 
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # the chat route's function-name rule
 _UNSUPPORTED_BLOCKS = {
@@ -23,9 +25,7 @@ _UNSUPPORTED_BLOCKS = {
 }
 
 
-class _Block(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class _Block(Lenient):
     cache_control: dict[str, Any] | None = None  # prompt caching is automatic here: ignored
 
 
@@ -100,18 +100,16 @@ Content = Annotated[
 ]
 
 
-class InputMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class InputMessage(Lenient):
     role: Literal["user", "assistant"]
     content: Content
 
 
-class ToolDefinition(BaseModel):
+class ToolDefinition(Lenient):
     """A client tool. A server tool (`type` like "web_search_20250305") runs on Anthropic's side,
     which Arbor is not: such tools are dropped (`is_client_tool`), not refused."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    refused_when_strict = False  # a server tool's own fields (max_uses, ...)
 
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     type: str | None = None
@@ -124,9 +122,7 @@ class ToolDefinition(BaseModel):
         return self.type in (None, "custom")
 
 
-class ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class ToolChoice(Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None  # with type "tool"
     disable_parallel_tool_use: bool | None = None
@@ -138,11 +134,9 @@ class ToolChoice(BaseModel):
         return self
 
 
-class ThinkingConfig(BaseModel):
+class ThinkingConfig(Lenient):
     """enabled: think, at most `budget_tokens` tokens; disabled: do not; adaptive: the model's own
     default (Arbor has no effort model to adapt)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=0)
@@ -154,8 +148,8 @@ class ThinkingConfig(BaseModel):
         return self
 
 
-class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class MessagesRequest(Lenient):
+    refused_when_strict = False
 
     model: str = Field(min_length=1)
     messages: list[InputMessage] = Field(min_length=1)
@@ -175,10 +169,10 @@ class MessagesRequest(BaseModel):
     priority: int | None = Field(None, ge=MIN_PRIORITY, le=MAX_PRIORITY)  # Arbor's (vLLM's), as on chat
 
 
-class CountTokensRequest(BaseModel):
+class CountTokensRequest(Lenient):
     """`POST /v1/messages/count_tokens`: a messages request without max_tokens or sampling."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    refused_when_strict = False
 
     model: str = Field(min_length=1)
     messages: list[InputMessage] = Field(min_length=1)

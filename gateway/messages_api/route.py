@@ -47,7 +47,7 @@ async def create_message(request: Request) -> Response:
         raw = await read_request(request, svc.settings)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    req = _parse(MessagesRequest, raw)
+    req = _parse(svc, MessagesRequest, raw, "/v1/messages")
     chat = await admitted(svc, _translated(lambda: to_chat_request(req, svc.limits)), request)
     gen = await _opened(svc, request, "chat", chat, arrived)
     if isinstance(gen, Response):
@@ -67,7 +67,7 @@ async def count_tokens(request: Request) -> Response:
         raw = await read_request(request, svc.settings)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    req = _parse(CountTokensRequest, raw)
+    req = _parse(svc, CountTokensRequest, raw, "/v1/messages/count_tokens")
     chat = await admitted(svc, _translated(lambda: count_request(req, svc.limits)), request)
     gen = await _opened(svc, request, "count", chat, arrived)
     if isinstance(gen, Response):
@@ -78,9 +78,9 @@ async def count_tokens(request: Request) -> Response:
     return JSONResponse({"input_tokens": gen.outcome.choices[0].prompt_tokens})
 
 
-def _parse(model: type[Body], raw: bytes) -> Body:
+def _parse(svc: Services, model: type[Body], raw: bytes, route: str) -> Body:
     try:
-        return model.model_validate_json(raw)
+        return svc.bodies.parse(model, raw, route)
     except ValidationError as exc:
         raise messages_errors.invalid_request(exc) from None
 

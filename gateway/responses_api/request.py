@@ -1,8 +1,9 @@
 """The body of POST /v1/responses, validated as strictly as the chat body, in the Responses shape.
 
-Top-level fields are `extra="forbid"`: a typo (`max_tokens`) is a 400 naming it. Input items
-ignore fields they do not know: items are what clients replay from earlier outputs (ids,
-statuses, annotations, `encrypted_content`, `phase`), and none of those changes the answer.
+A field Arbor does not know is ignored at any depth (`shared.request_fields`: logged and
+counted). Under `ARBOR_STRICT_REQUEST_FIELDS` it is a 400 naming it, except in input items:
+items are what clients replay from earlier outputs (ids, statuses, annotations,
+`encrypted_content`, `phase`), and none of those changes the answer.
 Item *types* Arbor cannot run (hosted tools' calls) are kept as `SkippedItem` and dropped with
 a warning by the translation; an unknown item type is a 400 naming `input.N.type`.
 
@@ -29,6 +30,7 @@ from pydantic import (
 
 from shared.openai_schema import UnsupportedField, one_service_tier
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY
+from shared.request_fields import Lenient
 from shared.structured_output import StructuredOutputError, json_schema_output
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -62,12 +64,8 @@ SKIPPED_ITEM_TYPES = frozenset(
 )
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _Item(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class _Item(Lenient):
+    refused_when_strict = False
 
 
 class TextContent(_Item):
@@ -141,7 +139,13 @@ class ReasoningItem(_Item):
         return "".join(part.text for part in self.content or [] if part.type == "reasoning_text")
 
 
-class SkippedItem(_Item):
+class _Skipped(BaseModel):
+    """Something skipped as a whole, with a warning: its own fields are not unknown fields."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class SkippedItem(_Skipped):
     type: str
 
 
@@ -166,7 +170,7 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(_Strict):
+class FunctionTool(Lenient):
     """The flat shape: {type, name, description, parameters, strict} (no `function` wrapper)."""
 
     type: Literal["function"]
@@ -177,10 +181,8 @@ class FunctionTool(_Strict):
     defer_loading: bool | None = None  # a hint for OpenAI's tool search; every tool is loaded here
 
 
-class HostedTool(BaseModel):
+class HostedTool(_Skipped):
     """A tool OpenAI runs on its side (or a custom/grammar tool): skipped with a warning."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
 
@@ -195,15 +197,13 @@ Tool = Annotated[
 ]
 
 
-class FunctionChoice(_Strict):
+class FunctionChoice(Lenient):
     type: Literal["function"]
     name: str
 
 
-class HostedChoice(BaseModel):
+class HostedChoice(_Skipped):
     """`{"type": "web_search_preview"}` and the like: names a skipped tool, so treated as auto."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
 
@@ -229,18 +229,18 @@ ToolChoice = Annotated[
 ]
 
 
-class PlainText(_Strict):
+class PlainText(Lenient):
     type: Literal["text"]
 
 
-class JsonObject(_Strict):
+class JsonObject(Lenient):
     type: Literal["json_object"]
 
 
-class JsonSchema(_Strict):
+class JsonSchema(Lenient):
     """Enforced token by token whether `strict` is true or not, as on chat."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     type: Literal["json_schema"]
     name: str = Field(min_length=1, max_length=64)
@@ -252,23 +252,23 @@ class JsonSchema(_Strict):
 TextFormat = Annotated[PlainText | JsonObject | JsonSchema, Field(discriminator="type")]
 
 
-class TextConfig(_Strict):
+class TextConfig(Lenient):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models; not used
 
 
-class ReasoningConfig(_Strict):
+class ReasoningConfig(Lenient):
     effort: Effort | None = None
     # Arbor returns the model's reasoning text itself (`reasoning_text`), never a summary of it.
     summary: Literal["auto", "concise", "detailed", "none"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class ResponsesStreamOptions(_Strict):
+class ResponsesStreamOptions(Lenient):
     include_obfuscation: bool | None = None  # nothing is obfuscated: accepted either way
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Lenient):
     model: str = Field(min_length=1)
     input: list[InputItem] = Field(default_factory=list, description="a string (one user message) or items")
     instructions: str | None = None

@@ -64,7 +64,7 @@ async def create_response(request: Request) -> Response:
         raw = await read_request(request, svc.settings)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    req = parse_request(raw, svc.limits)
+    req = parse_request(raw, svc)
     store = _store(svc)
     translation = await _translated(req, store, svc.limits)
     chat = await admitted(svc, translation.chat, request)
@@ -104,9 +104,9 @@ async def delete_response(request: Request) -> Response:
     return JSONResponse(DeletedResponse(id=response_id).model_dump(mode="json"))
 
 
-def parse_request(raw: bytes, limits: Limits) -> ResponsesRequest:
+def parse_request(raw: bytes, svc: Services) -> ResponsesRequest:
     try:
-        return ResponsesRequest.model_validate_json(raw, context=limits_context(limits))
+        return svc.bodies.parse(ResponsesRequest, raw, "/v1/responses", limits_context(svc.limits))
     except ValidationError as exc:
         raise errors.from_validation(exc) from None
 

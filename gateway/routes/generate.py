@@ -35,7 +35,6 @@ from shared.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
-    Limits,
     limits_context,
 )
 from shared.priority import resolve
@@ -63,7 +62,7 @@ async def _generate(request: Request, kind: JobKind) -> Response:
         raw = await read_request(request, svc.settings)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    req = parse_request(kind, raw, svc.limits)
+    req = parse_request(kind, raw, svc)
     req = await admitted(svc, req, request)
     jobs = [
         new_job(kind, one, svc.settings.default_max_tokens, svc.settings.request_timeout_s, svc.hub.request_id)
@@ -145,10 +144,11 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return bytes(body)
 
 
-def parse_request(kind: JobKind, raw: bytes, limits: Limits) -> GenerationRequest:
-    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+def parse_request(kind: JobKind, raw: bytes, svc: Services) -> GenerationRequest:
+    model: type[GenerationRequest] = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     try:
-        return model.model_validate_json(raw, context=limits_context(limits))
+        return svc.bodies.parse(model, raw, route, limits_context(svc.limits))
     except ValidationError as exc:
         raise errors.from_validation(exc) from None
 

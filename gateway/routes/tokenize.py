@@ -52,15 +52,15 @@ async def _answered(request: Request, op: str, model_type: type[Body]) -> Respon
         raw = await read_request(request, svc.settings)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    body = _parse(model_type, raw)
+    body = _parse(svc, model_type, raw, f"/{op}")
     model = await _model(svc, body.model)
     job = TokenizerJob.model_validate({"op": op, op: body})
     return await _run(svc, request, model, job)
 
 
-def _parse(model_type: type[Body], raw: bytes) -> Body:
+def _parse(svc: Services, model_type: type[Body], raw: bytes, route: str) -> Body:
     try:
-        return model_type.model_validate_json(raw)
+        return svc.bodies.parse(model_type, raw, route)
     except ValidationError as exc:
         raise errors.from_validation(exc) from None
 

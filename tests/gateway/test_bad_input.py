@@ -80,14 +80,16 @@ def test_wrong_values_are_400_naming_the_field(
     assert peer.jobs == []
 
 
-def test_unknown_fields_are_named_not_ignored(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+def test_unknown_fields_are_named_under_the_strict_setting(make_gateway, peer: ProtocolPeer) -> None:
+    gateway = make_gateway(strict_request_fields=True)
     response = gateway.http().post("/v1/chat/completions", json=CHAT | {"frobnicate": 1, "best_of_luck": True})
 
     error = _assert_envelope(response, 400, "invalid_request", param="frobnicate")
     assert "'frobnicate'" in error["message"] and "'best_of_luck'" in error["message"]
 
 
-def test_unknown_field_inside_a_message_is_named(gateway: GatewayServer, peer: ProtocolPeer) -> None:
+def test_unknown_field_inside_a_message_is_named_under_the_strict_setting(make_gateway, peer: ProtocolPeer) -> None:
+    gateway = make_gateway(strict_request_fields=True)
     messages = [{"role": "user", "content": "hi", "mood": "curious"}]
 
     response = gateway.http().post("/v1/chat/completions", json=CHAT | {"messages": messages})
