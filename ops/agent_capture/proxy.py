@@ -28,12 +28,11 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from ops.agent_capture.sse_names import SseNames, squeeze
+from ops.agent_capture.sse_names import MAX_ERROR_CHARS, SseNames, squeeze
 
 SECRET_HEADER_WORDS = ("authorization", "key", "token", "secret", "cookie")
 # per-connection or recomputed on the way: not part of what a client chose to send
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive", "accept-encoding"}
-MAX_ERROR_CHARS = 4000
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=900.0, write=60.0, pool=10.0)
 
 
@@ -102,9 +101,10 @@ def parse_body(raw: bytes) -> Any:
         return raw.decode("utf-8", "replace")
 
 
-def create_proxy_app(upstream_url: str, log_dir: Path) -> Starlette:
+def create_proxy_app(upstream_url: str, log_dir: Path, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """`transport`: how to reach the upstream, when not over the network (tests)."""
     log = ExchangeLog(log_dir)
-    client = httpx.AsyncClient(base_url=upstream_url, timeout=UPSTREAM_TIMEOUT)
+    client = httpx.AsyncClient(base_url=upstream_url, timeout=UPSTREAM_TIMEOUT, transport=transport)
 
     async def forward(request: Request) -> StreamingResponse:
         raw = await request.body()
@@ -137,6 +137,7 @@ async def _relay(upstream: httpx.Response, log: ExchangeLog, name: str, exchange
             if sse is not None:
                 sse.feed(chunk)
                 exchange.events = sse.names
+                exchange.error = "\n".join(sse.errors) or None
             if exchange.status >= 400 and len(errors) < MAX_ERROR_CHARS:
                 errors += chunk
             yield chunk

@@ -2,9 +2,12 @@
 
 Named events (`event: message_start`) keep their name; unnamed ones (chat completions' chunks)
 are `message`, and chat's final `data: [DONE]` is `[DONE]`, so a log shows where the end came.
+An error inside a 200 stream (an `error` event, or a chat chunk `{"error": ...}`) keeps its data.
 """
 
 from __future__ import annotations
+
+MAX_ERROR_CHARS = 4000
 
 
 class SseNames:
@@ -13,6 +16,7 @@ class SseNames:
         self._name: str | None = None
         self._data: list[str] = []
         self.names: list[str] = []
+        self.errors: list[str] = []  # the data of each `error` event: why a 200 stream broke off
 
     def feed(self, chunk: bytes) -> None:
         lines = (self._pending + chunk).split(b"\n")
@@ -24,6 +28,8 @@ class SseNames:
         if not line:
             if self._name is not None or self._data:
                 self.names.append("[DONE]" if self._data == ["[DONE]"] else self._name or "message")
+            if self._name == "error" or any('"error"' in data[:20] for data in self._data):
+                self.errors.append("\n".join(self._data)[:MAX_ERROR_CHARS])
             self._name, self._data = None, []
         elif line.startswith("event:"):
             self._name = line[len("event:") :].strip()
