@@ -34,6 +34,9 @@ DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "agent_traffic"
 DEFAULT_PREFIX = REPO_ROOT / ".cache" / "agent-clis"
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 STABLE_ROOT = "/tmp/agent"
+# The CLIs ask for 32000 tokens; the stack lowers that to this, so a turn of the 135M model that
+# never stops ends in a minute, not when the context is full. The bodies are recorded unchanged.
+CAPTURE_SETTINGS = {"ARBOR_MAX_TOKENS_CAP": "512", "ARBOR_DEFAULT_MAX_TOKENS": "256"}
 
 
 def capture_one(cli: AgentCli, bin_dir: Path, base_url: str, model: str, prompt: str, out: Path) -> CliRun:
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     clis = install_clis(args.prefix, names, versions)
     print(f"installed {', '.join(cli.spec for cli in clis)} in {time.monotonic() - started:.0f} s", flush=True)
     bin_dir = args.prefix / "node_modules" / ".bin"
-    with arbor_up(args.base_url) as base_url:
+    with arbor_up(args.base_url, settings=CAPTURE_SETTINGS) as base_url:
         for cli in clis:
             run = capture_one(cli, bin_dir, base_url, args.model, args.prompt, args.out)
             print(json.dumps(run.summary()), flush=True)

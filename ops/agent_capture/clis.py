@@ -57,7 +57,8 @@ def prepare_claude_code(home: Path, base_url: str, model: str) -> tuple[list[str
         "DISABLE_TELEMETRY": "1",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_ERROR_REPORTING": "1",
-        "API_TIMEOUT_MS": "600000",  # a CPU prefill of its ~20K-token prompt is slow
+        "API_TIMEOUT_MS": "600000",  # a CPU prefill of its ~13K-token prompt is slow
+        "CLAUDE_CODE_MAX_RETRIES": "1",  # its backoff after an error would outlast the run
     }
     return ["-p", "--max-turns", "3"], env
 

@@ -127,15 +127,18 @@ def logging_proxy(upstream_url: str, log_dir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def arbor_up(base_url: str | None, log_path: Path | None = None) -> Iterator[str]:
-    """`base_url` as it is, or `arbor up` on the default model on a free port for the duration."""
+def arbor_up(
+    base_url: str | None, log_path: Path | None = None, settings: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`base_url` as it is, or `arbor up` on the default model on a free port for the duration,
+    with `settings` (ARBOR_* variables) added to its environment."""
     if base_url is not None:
         yield base_url.rstrip("/")
         return
     port = free_port()
     command = [sys.executable, "-m", "ops.cli", "up", "--port", str(port)]
     log = log_path.open("wb") if log_path is not None else subprocess.DEVNULL
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT)) | (settings or {})
     env.pop("REDIS_URL", None)  # its own embedded Redis
     with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT) as process:
         try:

@@ -6,12 +6,14 @@ refused naming a field, so that setting is the only difference."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.agent_stack import AgentStack, agent_stack, fixture_paths
 from tests.support.agent_streams import STREAM_CHECKS, parse_sse
@@ -59,15 +61,40 @@ def test_recorded_request_is_served(replay_stack: AgentStack, path: Path) -> Non
         json.loads(text)  # every tool call's arguments are JSON
 
 
-STRICT_REFUSED = [path for path in FIXTURES if json.loads(path.read_text())["method"] == "POST"]
+def _ignored_fields(base_url: str) -> dict[tuple[str, str], float]:
+    """arbor_ignored_request_fields_total by (route, field), from the gateway's /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "arbor_ignored_request_fields_total":
+                counts[(sample.labels["route"], sample.labels["field"])] = sample.value
+    return counts
 
 
-@pytest.mark.parametrize("path", STRICT_REFUSED, ids=_fixture_id)
-def test_strict_fields_refuse_recorded_request_naming_the_field(replay_stack: AgentStack, path: Path) -> None:
+def _names_field(message: str, label: str) -> bool:
+    """`messages.*.content.*.caller` named as `messages.1.content.0.caller`."""
+    return re.search(re.escape(label).replace(r"\*", r"\d+"), message) is not None
+
+
+POSTS = [path for path in FIXTURES if json.loads(path.read_text())["method"] == "POST"]
+
+
+@pytest.mark.parametrize("path", POSTS, ids=_fixture_id)
+def test_strict_fields_are_the_only_difference(replay_stack: AgentStack, path: Path) -> None:
+    """Each body once more on the lenient gateway, counting what it ignored, then on the strict
+    one: nothing ignored, both serve it; else strict refuses it naming an ignored field, or (for
+    Anthropic's top-level fields, ignored under both) serves it."""
     record = json.loads(path.read_text())
-    response = _replay(replay_stack.strict_url, record)
-    if response.status_code == 200:
-        pytest.skip("nothing in this body is unknown to Arbor")  # listed by -rs
-    assert response.status_code == 400, response.text[:2000]
-    error = response.json()["error"]
-    assert error["param"] and error["param"] in error["message"], error
+    before = _ignored_fields(replay_stack.base_url)
+    lenient = _replay(replay_stack.base_url, record)
+    after = _ignored_fields(replay_stack.base_url)
+    ignored = {field for (route, field), count in after.items() if count > before.get((route, field), 0.0)}
+    strict = _replay(replay_stack.strict_url, record)
+    assert lenient.status_code == 200, lenient.text[:2000]
+    if strict.status_code == 200:
+        top_level_messages = record["path"].startswith("/v1/messages") and all("." not in f for f in ignored)
+        assert not ignored or top_level_messages, f"strict served a body with unknown fields {ignored}"
+        return
+    assert strict.status_code == 400, strict.text[:2000]
+    assert any(_names_field(strict.text, label) for label in ignored), f"{strict.text[:2000]} names none of {ignored}"
