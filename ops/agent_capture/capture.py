@@ -36,7 +36,7 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 STABLE_ROOT = "/tmp/agent"
 # The CLIs ask for 32000 tokens; the stack lowers that to this, so a turn of the 135M model that
 # never stops ends in a minute, not when the context is full. The bodies are recorded unchanged.
-CAPTURE_SETTINGS = {"ARBOR_MAX_TOKENS_CAP": "512", "ARBOR_DEFAULT_MAX_TOKENS": "256"}
+CAPTURE_SETTINGS = {"ARBOR_MAX_TOKENS_CAP": "512", "ARBOR_DEFAULT_MAX_TOKENS": "512"}
 
 
 def capture_one(cli: AgentCli, bin_dir: Path, base_url: str, model: str, prompt: str, out: Path) -> CliRun:
