@@ -4,7 +4,8 @@ Every field a vLLM user sends is either handled or refused by name: understood-b
 values raise `UnsupportedField`; a field Arbor does not know is ignored, as vLLM ignores it
 (`shared.request_fields`: logged, counted, a 400 under `ARBOR_STRICT_REQUEST_FIELDS`).
 Types are strict: "5" is not a number and "true" is not a boolean (ints are fine for floats).
-Deployment limits (max_tokens cap, n cap) come in through the validation context:
+Deployment limits (max_tokens cap, n cap) come in through the validation context; a max_tokens
+above the cap is lowered to it, as llama.cpp's server does, not refused:
 
     ChatCompletionRequest.model_validate_json(raw, context=limits_context(Limits(8192, 8, 64)))
 
@@ -166,9 +167,11 @@ class _GenerationRequest(Lenient):
     @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
     @classmethod
     def _max_tokens_within_cap(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """Lowered to the deployment's cap rather than refused (the worker lowers it further to the
+        room the prompt leaves): agent CLIs ask for 32000 whatever the model."""
         limits = _limits(info)
-        if value is not None and limits is not None and value > limits.max_tokens:
-            raise ValueError(f"{info.field_name}={value} exceeds the limit of {limits.max_tokens}")
+        if value is not None and limits is not None:
+            return min(value, limits.max_tokens)
         return value
 
     @field_validator("stop")
@@ -258,9 +261,6 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     reasoning_budget: int | None = Field(None, ge=0)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    # Arbor's: lower max_tokens to the room the prompt leaves in the model's context instead of
-    # refusing the request (set by /v1/messages: Claude Code asks for 32000 whatever the model)
-    fit_max_tokens: bool = False
     # OpenAI platform fields. Each is accepted where its value asks for what Arbor does anyway and
     # refused by name where it asks for more: Arbor stores nothing and has one tier and text only.
     store: bool | None = None

@@ -31,7 +31,7 @@ A request's life, with the Redis names from `shared.keys`:
    Pub/sub is at-most-once: the gateway repairs a gap (or silence) with LRANGE on the log.
    A delta carries the tokens of one decode step or, when steps waited to be published, of
    several (merged while they waited: `worker.serving.step_delta`): readers must not count deltas as
-   steps or tokens.
+   steps or tokens. An attempt's first delta carries `prompt_tokens`, the prompt's size.
 4. Each choice ends with exactly one `FinalEvent`; an `ErrorEvent` ends the whole request.
    Afterwards the worker XACKs and XDELs the entry and DELs the job state (one transaction).
    The gateway never trims the stream, so unread jobs are never lost.
@@ -240,6 +240,9 @@ class DeltaEvent(_EventBase):
     logprobs: list[TokenLogprob] | None = None  # one entry per token in token_ids, when asked
     # Every prompt token's, once per choice before its first token, when asked
     prompt_logprobs: list[PromptLogprob] | None = None
+    # The prompt's size, on an attempt's first delta: Anthropic's message_start reports it before
+    # any text (the final event's usage has it too, with the prefill cache's share)
+    prompt_tokens: int | None = None
 
 
 class FinalEvent(_EventBase):

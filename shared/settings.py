@@ -59,7 +59,8 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # ARBOR_MAX_BODY_BYTES
     # ARBOR_CLIENT_TIMEOUT_S: longest a client may stall sending its body or taking the reply.
     client_timeout_s: float = Field(30.0, gt=0)
-    max_tokens_cap: int = Field(8192, ge=1)  # ARBOR_MAX_TOKENS_CAP: largest max_tokens accepted
+    # ARBOR_MAX_TOKENS_CAP: most tokens one answer may ask for; a larger max_tokens is lowered to it
+    max_tokens_cap: int = Field(8192, ge=1)
     default_max_tokens: int = Field(1024, ge=1)  # ARBOR_DEFAULT_MAX_TOKENS: when a request sets none
     max_n: int = Field(8, ge=1)  # ARBOR_MAX_N: largest n accepted
     max_prompts: int = Field(64, ge=1)  # ARBOR_MAX_PROMPTS: prompts in one /v1/completions request

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY
 from shared.request_fields import Lenient
@@ -101,7 +101,9 @@ Content = Annotated[
 
 
 class InputMessage(Lenient):
-    role: Literal["user", "assistant"]
+    """A turn. `system` entries (Claude Code sends them among the turns) join the system prompt."""
+
+    role: Literal["user", "assistant", "system"]
     content: Content
 
 
@@ -140,12 +142,32 @@ class ThinkingConfig(Lenient):
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=0)
+    # How thinking is shown: the model's own text is always returned, so both are the same here
+    display: Literal["summarized", "omitted"] | None = None
 
     @model_validator(mode="after")
     def _budget_when_enabled(self) -> ThinkingConfig:
         if self.type == "enabled" and self.budget_tokens is None:
             raise ValueError("budget_tokens is required when type is 'enabled'")
         return self
+
+
+class OutputFormat(Lenient):
+    """`{"type": "json_schema", "schema": {...}}`: the answer is JSON that validates, enforced token
+    by token (the chat route's `response_format`)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Lenient):
+    """`effort` is a hint for Anthropic's models (accepted, not used: `thinking` sets the budget);
+    `format` constrains the answer."""
+
+    effort: Literal["low", "medium", "high", "max"] | None = None
+    format: OutputFormat | None = None
 
 
 class MessagesRequest(Lenient):
@@ -163,6 +185,9 @@ class MessagesRequest(Lenient):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    # Anthropic's server-side clearing of old tool results: Arbor keeps the conversation as sent
+    context_management: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # user_id: a tag; used by nothing
     seed: int | None = None  # Arbor's, as on the chat route: reproducible sampling (not Anthropic's)
     ignore_eos: bool = False  # Arbor's (vLLM's), as on the chat route: run to max_tokens (benchmarks)
@@ -180,3 +205,5 @@ class CountTokensRequest(Lenient):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    context_management: dict[str, Any] | None = None

@@ -122,7 +122,6 @@ async def _events(gen: Generation, stream: MessageStream) -> AsyncIterator[bytes
     """One write per batch of job events, as the chat stream does; a failure after the start is
     Anthropic's `error` event."""
     try:
-        yield b"".join(sse_event(*event) for event in stream.opening())
         async for batch in gen.batches():
             data = b"".join(sse_event(*out) for event in batch for out in stream.events(event))
             if data:

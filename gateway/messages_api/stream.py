@@ -13,9 +13,11 @@
     event: message_stop
 
 A delta event may carry reasoning, text and tool-call fragments at once (a step's tokens); they go
-out in that order, each opening its block when the one before was of another kind. The prompt's
-size is known only from the final event: message_start says 0 and message_delta the real counts
-(the anthropic SDK takes input and cache counts from message_delta when present).
+out in that order, each opening its block when the one before was of another kind. message_start
+waits for the job's first event, as Anthropic's does for the prompt's count: it carries the
+prompt's size (the first delta's `prompt_tokens`, which the worker sets); how much of it the
+prefill cache served is known at the end, so message_delta carries the final counts (the
+anthropic SDK takes input and cache counts from message_delta when present).
 """
 
 from __future__ import annotations
@@ -39,8 +41,17 @@ class MessageStream:
         self._model = model
         self._index = -1  # the open block's index
         self._open: str | None = None  # its kind: "thinking", "text", or "tool_use:<call index>"
+        self._started = False
 
-    def opening(self) -> list[Event]:
+    def events(self, event: DeltaEvent | FinalEvent) -> list[Event]:
+        """The events `event` makes, message_start and ping first if it is the job's first."""
+        if self._started:
+            return self._events(event)
+        self._started = True
+        prompt_tokens = event.prompt_tokens if isinstance(event, DeltaEvent) else event.usage.prompt_tokens
+        return self.opening(prompt_tokens or 0) + self._events(event)
+
+    def opening(self, prompt_tokens: int) -> list[Event]:
         message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
@@ -49,11 +60,11 @@ class MessageStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": reply.usage(0, 0, 0),
+            "usage": reply.usage(prompt_tokens, 0, 0),
         }
         return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
 
-    def events(self, event: DeltaEvent | FinalEvent) -> list[Event]:
+    def _events(self, event: DeltaEvent | FinalEvent) -> list[Event]:
         if isinstance(event, FinalEvent):
             return self._closing(event)
         out: list[Event] = []

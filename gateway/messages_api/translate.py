@@ -1,17 +1,20 @@
 """A messages request -> the chat request the chat route would enqueue: the same job, the same path.
 
-    system (text or blocks)         -> a system message (blocks joined by blank lines)
+    system (text or blocks), then   -> one system message, first (texts joined by blank lines:
+      `system` entries in messages     chat templates take one system message, at the start)
     user: text blocks               -> a user message
     user: tool_result blocks        -> tool messages (first: they answer the assistant turn before),
                                        then the user's text, if any
     assistant: thinking / text /    -> one assistant message: reasoning_content, content, tool_calls
       tool_use blocks                  (redacted_thinking has nothing readable: dropped)
     tools / tool_choice             -> function tools; auto / any -> required / tool -> named / none
-    thinking enabled, budget_tokens -> reasoning_budget, enable_thinking; disabled -> budget 0, off
+    thinking enabled, budget_tokens -> reasoning_budget, enable_thinking; disabled -> budget 0, off;
+                                       adaptive -> the model's default
+    output_config.format            -> response_format json_schema
     stop_sequences, temperature, top_p, top_k, max_tokens -> the same sampling fields
 
 `max_tokens` above the gateway's cap is lowered to it rather than refused, and the worker lowers it
-further to the room the prompt leaves in the context (`fit_max_tokens`): Claude Code asks for
+further to the room the prompt leaves in the context, as on every route: Claude Code asks for
 32000 whatever the model, and a shorter limit only means the answer may end sooner.
 """
 
@@ -41,8 +44,7 @@ def to_chat_request(req: MessagesRequest, limits: Limits) -> ChatCompletionReque
     """Validated again as a chat request, with the deployment's limits, so nothing the chat route
     refuses gets in this way (raises pydantic.ValidationError)."""
     body = _conversation(req) | {
-        "max_tokens": min(req.max_tokens, limits.max_tokens),
-        "fit_max_tokens": True,
+        "max_tokens": req.max_tokens,
         "stream": req.stream,
         # The matched stop sequence is reported in the final event; the text stops before it.
         "stop": req.stop_sequences or None,
@@ -65,9 +67,15 @@ def count_request(req: CountTokensRequest, limits: Limits) -> ChatCompletionRequ
 
 
 def _conversation(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
-    """What makes the prompt: messages, tools, tool_choice, thinking."""
-    messages = _system(req.system) + [chat for message in req.messages for chat in _messages(message)]
+    """What makes the prompt: messages, tools, tool_choice, thinking, the output's format."""
+    turns = [message for message in req.messages if message.role != "system"]
+    messages = _system(req.system, [m for m in req.messages if m.role == "system"])
+    messages += [chat for message in turns for chat in _messages(message)]
     body: dict[str, Any] = {"model": req.model, "messages": messages}
+    output_format = req.output_config.format if req.output_config is not None else None
+    if output_format is not None:
+        json_schema = {"name": "output", "schema": output_format.schema_}
+        body["response_format"] = {"type": "json_schema", "json_schema": json_schema}
     tools = [_tool(tool) for tool in req.tools or [] if tool.is_client_tool]
     if tools:
         body["tools"] = tools
@@ -82,11 +90,18 @@ def _conversation(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
     return body
 
 
-def _system(system: str | list[TextBlock] | None) -> list[dict[str, Any]]:
-    if system is None:
-        return []
-    text = system if isinstance(system, str) else "\n\n".join(block.text for block in system)
+def _system(system: str | list[TextBlock] | None, entries: list[InputMessage]) -> list[dict[str, Any]]:
+    texts = [] if system is None else [_text(system)]
+    texts += [_text(entry.content) for entry in entries]
+    text = "\n\n".join(text for text in texts if text)
     return [{"role": "system", "content": text}] if text else []
+
+
+def _text(content: str | list[ContentBlock] | list[TextBlock]) -> str:
+    """A system text: its text blocks joined by blank lines (other blocks have no place there)."""
+    if isinstance(content, str):
+        return content
+    return "\n\n".join(block.text for block in content if isinstance(block, TextBlock))
 
 
 def _messages(message: InputMessage) -> list[dict[str, Any]]:

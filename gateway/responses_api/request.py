@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.openai_schema import UnsupportedField, one_service_tier
+from shared.openai_schema import Limits, UnsupportedField, one_service_tier
 from shared.priority import MAX_PRIORITY, MIN_PRIORITY
 from shared.request_fields import Lenient
 from shared.structured_output import StructuredOutputError, json_schema_output
@@ -313,9 +313,10 @@ class ResponsesRequest(Lenient):
     @field_validator("max_output_tokens")
     @classmethod
     def _within_cap(cls, value: int | None, info: ValidationInfo) -> int | None:
-        limits = (info.context or {}).get("limits")
-        if value is not None and limits is not None and value > limits.max_tokens:
-            raise ValueError(f"max_output_tokens={value} exceeds the limit of {limits.max_tokens}")
+        """Lowered to the cap, as chat's max_tokens is (the worker lowers it to what fits)."""
+        limits: Limits | None = (info.context or {}).get("limits")
+        if value is not None and limits is not None:
+            return min(value, limits.max_tokens)
         return value
 
     @field_validator("top_logprobs")

@@ -72,7 +72,6 @@ def turn_body(model: str, conversation: Conversation, turn: Turn, messages: list
         "stream": True,
         "stream_options": {"include_usage": True},
         "include_speculation_stats": True,
-        "fit_max_tokens": True,  # a long history lowers the answer's room rather than failing
     }
     if conversation.tools:
         body["tools"] = conversation.tools

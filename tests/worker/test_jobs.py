@@ -151,9 +151,11 @@ def test_requests_this_worker_cannot_serve_are_rejected_with_their_code(base):
     with pytest.raises(JobRejected) as caught:
         spec_of(base, {"model": "tiny", "messages": messages, "n": 5}, max_lanes=4)
     assert caught.value.code == ErrorCode.INVALID_REQUEST
+    long = [{"role": "user", "content": "Hi " * base.runner.max_context}]
     with pytest.raises(JobRejected) as caught:
-        spec_of(base, {"model": "tiny", "messages": messages, "max_tokens": 10_000})
+        spec_of(base, {"model": "tiny", "messages": long, "max_tokens": 1})
     assert caught.value.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    assert "the prompt is" in str(caught.value) and f"{base.runner.max_context} tokens" in str(caught.value)
 
 
 def test_logit_bias_reaches_the_sampler_and_ids_outside_the_vocabulary_are_rejected(base):
@@ -185,12 +187,18 @@ def test_a_constrained_job_has_its_grammar_compiled_before_it_reaches_the_owner(
     assert base.runner.grammar_masks.is_compiled(spec.params.structured.check())
 
 
-def test_fit_max_tokens_lowers_max_tokens_to_the_room_the_prompt_leaves(base):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10_000}
-    spec = spec_of(base, body | {"fit_max_tokens": True})
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_above_the_room_the_prompt_leaves_is_lowered_to_it(base, field):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], field: 10_000}
+    spec = spec_of(base, body)
     room = base.runner.max_context - len(spec.prompt_ids)
     assert spec.params.max_tokens == room
-    assert spec_of(base, body | {"max_tokens": 5, "fit_max_tokens": True}).params.max_tokens == 5  # fits: kept
+    assert spec_of(base, body | {field: 5}).params.max_tokens == 5  # fits: kept
+
+
+def test_a_completion_max_tokens_is_lowered_too(base):
+    spec = spec_of(base, {"model": "tiny", "prompt": "Hi", "max_tokens": 10_000}, kind="completion")
+    assert spec.params.max_tokens == base.runner.max_context - len(spec.prompt_ids)
 
 
 def test_a_count_job_is_prepared_even_past_the_context(base):

@@ -4,7 +4,10 @@ Three ways a job fails before it runs, each a named exception carrying its `Erro
   - `PoisonJob`: the entry or its body is malformed. It can never succeed, on any worker: error
     event (when the entry has an id to send it to) and a dead letter.
   - `JobRejected`: well formed, but this request cannot be served (a template that refuses the
-    messages, prompt + max_tokens over the context): error event, acknowledged.
+    messages, a prompt that fills the context alone): error event, acknowledged.
+
+A `max_tokens` above the room the prompt leaves in the context is lowered to that room, as
+llama.cpp's server and Ollama do: the answer ends with finish_reason `length` at the context's end.
 """
 
 from __future__ import annotations
@@ -93,20 +96,10 @@ def build_spec(
     if request.n > max_lanes:
         raise JobRejected(f"n={request.n} exceeds this worker's {max_lanes} lanes", ErrorCode.INVALID_REQUEST)
     prompt_ids = encode_prompt(request, served)
-    runner = served.runner
-    room = max(runner.max_context - len(prompt_ids), 1)
-    requested = request.requested_max_tokens()
-    max_tokens = room if requested is None else requested
-    if isinstance(request, ChatCompletionRequest) and request.fit_max_tokens and max_tokens > room:
-        max_tokens = room
-        request = request.model_copy(update={"max_tokens": room, "max_completion_tokens": None})
-    params = to_sampling_params(request, default_max_tokens=max_tokens)
-    try:
-        if job.kind != "count":  # a prompt is counted whatever its length
-            runner.check_fits(len(prompt_ids), params.max_tokens)
-    except ContextLengthError as error:
-        limit = f" ({served.context_limit})" if served.context_limit else ""
-        raise JobRejected(f"{error}{limit}", ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
+    if job.kind != "count":  # a prompt is counted whatever its length
+        _check_prompt_fits(len(prompt_ids), served)
+    request = _fitted(request, max(served.runner.max_context - len(prompt_ids), 1))
+    params = to_sampling_params(request, default_max_tokens=request.requested_max_tokens() or 0)
     _check_in_vocabulary("logit_bias", params.logit_bias, served)
     output = output_options(request, served, prompt_ids, params)
     if params.structured is not None:
@@ -125,6 +118,33 @@ def build_spec(
         resume,
         priority=job.priority,
     )
+
+
+def _check_prompt_fits(num_prompt_tokens: int, served: ServingModel) -> None:
+    """At least one token must fit after the prompt; a longer max_tokens is lowered, not refused."""
+    try:
+        served.runner.check_fits(num_prompt_tokens, 1)
+    except ContextLengthError as error:
+        limit = f" ({served.context_limit})" if served.context_limit else ""
+        message = (
+            str(error)
+            if num_prompt_tokens < 1
+            else (
+                f"the prompt is {num_prompt_tokens} tokens: this model's maximum context length is "
+                f"{served.runner.max_context} tokens, and the prompt must leave room for at least one more"
+            )
+        )
+        raise JobRejected(message + limit, ErrorCode.CONTEXT_LENGTH_EXCEEDED) from error
+
+
+def _fitted(request: GenerationRequest, room: int) -> GenerationRequest:
+    """`request` with its max_tokens lowered to `room` (and set to it when the request set none)."""
+    requested = request.requested_max_tokens()
+    if requested is not None and requested <= room:
+        return request
+    if isinstance(request, ChatCompletionRequest):
+        return request.model_copy(update={"max_tokens": room, "max_completion_tokens": None})
+    return request.model_copy(update={"max_tokens": room})
 
 
 def _with_structured_output(params: SamplingParams, output: OutputOptions, served: ServingModel) -> SamplingParams:

@@ -146,6 +146,7 @@ class _Job:
     finished: list[int]  # choices whose final event went out
     next_seq: int
     shown: bool = False  # a delta with visible output (text, reasoning, tool calls) was queued
+    prompt_reported: bool = False  # a delta carrying the prompt's size was queued
     # Its steps need no per-step decision from their text: no stop strings, no reasoning budget, no
     # single-call limit (logprobs, kept per step, are checked per lane). Such a lane's tokens may be
     # held (`Owner`).
@@ -458,6 +459,8 @@ class Owner:
             return
         first_output = not job.shown  # up to the first visible output, nothing may wait (TTFT)
         job.shown = job.shown or not delta.empty
+        prompt_tokens = None if job.prompt_reported else len(job.spec.prompt_ids)
+        job.prompt_reported = True
         # A step that emitted several tokens of one call says so in one entry per call index (the
         # openai SDK and agent frameworks merge deltas by index and break on repeats in a chunk).
         tool_calls = (
@@ -477,6 +480,7 @@ class Owner:
                 list(token_ids),
                 tool_calls,
                 logprobs,
+                prompt_tokens=prompt_tokens,
             ),
             first_output,
         )

@@ -38,6 +38,7 @@ class StepDelta:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one entry per token in token_ids, when asked
     prompt_logprobs: list[PromptLogprob] | None = None  # the prompt's, before the first token
+    prompt_tokens: int | None = None  # the prompt's size, on an attempt's first delta
 
     def absorb(self, later: StepDelta) -> bool:
         """Append what `later` (the same job's next delta) says; False, and nothing changed, if the
@@ -50,6 +51,8 @@ class StepDelta:
         self.text += later.text
         self.reasoning += later.reasoning
         self.token_ids += later.token_ids
+        if self.prompt_tokens is None:
+            self.prompt_tokens = later.prompt_tokens
         if later.tool_calls:
             self.tool_calls = merge_tool_calls(self.tool_calls, later.tool_calls)
         if self.logprobs is not None and later.logprobs is not None:
@@ -68,13 +71,19 @@ class StepDelta:
             tool_calls=self.tool_calls,
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            prompt_tokens=self.prompt_tokens,
         )
 
     def to_json(self) -> str:
         """The wire event's JSON, the same bytes as `encode_event(self.event())`. Without tool calls
         or logprobs it is written straight from the fields: in the owner's publish, after a model
         step has cooled the caches, validating and dumping the model cost ~1% of the step rate."""
-        if self.tool_calls or self.logprobs is not None or self.prompt_logprobs is not None:
+        if (
+            self.tool_calls
+            or self.logprobs is not None
+            or self.prompt_logprobs is not None
+            or self.prompt_tokens is not None
+        ):
             return encode_event(self.event())
         # Formatted, not json.dumps'd: with the caches cold after a model step, the encoder json
         # builds per call made this ~35 µs a batch; formatted it is ~14 (tiny model; docs/BENCHMARKS.md,
@@ -83,5 +92,5 @@ class StepDelta:
             f'{{"id":{_string(self.id)},"attempt":{self.attempt},"seq":{self.seq},"type":"delta",'
             f'"choice":{self.choice},"text":{_string(self.text)},"reasoning":{_string(self.reasoning)},'
             f'"token_ids":[{",".join(map(str, self.token_ids))}],"tool_calls":[],"logprobs":null,'
-            '"prompt_logprobs":null}'
+            '"prompt_logprobs":null,"prompt_tokens":null}'
         )
