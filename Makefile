@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup run generate test test-all test-hardening lint ci-tools bench docs clean
+.PHONY: setup run generate test test-all test-hardening test-agents agent-fixtures lint ci-tools bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,17 @@ HARDENING_TESTS := tests/e2e/test_load.py tests/e2e/test_faults.py tests/e2e/tes
 	tests/worker/chat tests/worker/engine/test_detokenizer.py tests/worker/engine/test_stop_strings.py
 test-hardening: setup
 	ARBOR_LOAD_SECONDS=120 ARBOR_FUZZ_SCALE=10 $(BIN)/pytest -q -m "" $(HARDENING_TESTS) $(ARGS)
+
+# The agent CLIs (Claude Code, Codex, Qwen Code, opencode), npm-installed at their pins under
+# .cache/agent-clis, each answering one prompt through `arbor up` on the default model.
+test-agents: setup
+	$(BIN)/pytest -q -m slow tests/e2e/test_agent_clis.py $(ARGS)
+
+# Records what those CLIs send into tests/fixtures/agent_traffic/ (replayed by the default suite).
+# Newer versions than the pins: make agent-fixtures AGENT_VERSIONS="codex=latest claude-code=2.2.0"
+AGENT_VERSIONS ?=
+agent-fixtures: setup
+	$(BIN)/python -m ops.agent_capture.capture $(foreach v,$(AGENT_VERSIONS),--version $(v)) $(ARGS)
 
 # The linter, the formatter's check and the type checker, as configured in pyproject.toml.
 lint: setup

@@ -132,8 +132,9 @@ def build_bigram_table(turns: tuple[ScriptedTurn, ...] = TURNS) -> dict[str, str
     return table
 
 
-def make_scripted_model(folder: Path) -> Path:
-    """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json; return the folder."""
+def make_scripted_model(folder: Path, max_position_embeddings: int = 4096) -> Path:
+    """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json; return the folder.
+    A bigram model reads no position: any context length serves the same script."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,7 @@ def make_scripted_model(folder: Path) -> Path:
         num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         tie_word_embeddings=False,

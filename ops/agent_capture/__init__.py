@@ -1,0 +1,1 @@
+"""Recording what agent CLIs (Claude Code, Codex, Qwen Code, opencode) send to Arbor."""
