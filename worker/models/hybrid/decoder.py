@@ -88,8 +88,6 @@ class HybridBody(nn.Module):
 
 
 class HybridDecoder(nn.Module):
-    selector = None  # one weight format (the exact path): nothing chooses formats per forward
-
     def __init__(self, config: HybridConfig):
         super().__init__()
         self.config = config
