@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup run generate test test-all test-hardening lint ci-tools bench clean
+.PHONY: setup run generate test test-all test-hardening lint ci-tools bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# docs/CLI.md and docs/SETTINGS.md from the argument parsers and the settings classes (a test checks them)
+docs: setup
+	$(BIN)/python -m ops.reference_docs
 
 bench: setup
 	$(BIN)/arbor bench decode $(ARGS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.openai_responses import PromptTokensDetails, UsageInfo
+from gateway.completion_bodies import PromptTokensDetails, UsageInfo
 from shared.openai_messages import ToolCall, ToolCallFunction
 from shared.protocol import DeltaEvent, FinalEvent, FinalStats, PromptLogprob, TokenLogprob, ToolCallDelta
 

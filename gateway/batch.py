@@ -16,8 +16,8 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from gateway.accumulate import ChoiceState
+from gateway.completion_bodies import PromptTokensDetails, UsageInfo
 from gateway.generation import Generation
-from gateway.openai_responses import PromptTokensDetails, UsageInfo
 from shared.protocol import DeltaEvent, FinalEvent
 
 

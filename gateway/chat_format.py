@@ -9,7 +9,7 @@ chunk then carries "usage": null).
 from __future__ import annotations
 
 from gateway.accumulate import ChoiceState, Outcomes
-from gateway.openai_responses import (
+from gateway.completion_bodies import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.accumulate import ChoiceState, Outcomes
-from gateway.openai_responses import Completion, CompletionChoice, CompletionLogprobs, PromptTokenLogprob, UsageInfo
+from gateway.completion_bodies import Completion, CompletionChoice, CompletionLogprobs, PromptTokenLogprob, UsageInfo
 from gateway.speculation_usage import usage_of
 from shared.openai_schema import CompletionRequest
 from shared.protocol import DeltaEvent, FinalEvent, PromptLogprob, TokenLogprob, TopLogprob

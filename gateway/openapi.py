@@ -10,8 +10,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway.messages_api.request import CountTokensRequest, MessagesRequest
-from gateway.openai_responses import (
+from gateway.completion_bodies import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
@@ -19,6 +18,7 @@ from gateway.openai_responses import (
     ModelCard,
     ModelList,
 )
+from gateway.messages_api.request import CountTokensRequest, MessagesRequest
 from gateway.responses_api.objects import DeletedResponse, ResponseObject
 from gateway.responses_api.request import ResponsesRequest
 from shared.openai_schema import ChatCompletionRequest, CompletionRequest

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.accumulate import ChoiceState, Outcomes
-from gateway.openai_responses import DraftSourceUsage, SpeculationUsage, UsageInfo
+from gateway.completion_bodies import DraftSourceUsage, SpeculationUsage, UsageInfo
 
 _COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
 

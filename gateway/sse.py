@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.openai_responses import dump_json
+from gateway.completion_bodies import dump_json
 
 MEDIA_TYPE = "text/event-stream"
 DONE = b"data: [DONE]\n\n"

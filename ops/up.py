@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import redis
 
@@ -32,7 +32,7 @@ from ops.stack_file import StackInfo, runtime_dir, write_stack
 from ops.supervisor import GiveUp, Supervisor
 from shared import keys
 from shared.redis_connect import sync_client
-from shared.settings import DEFAULT_MODEL_NAME, served_model_name
+from shared.settings import DEFAULT_MODEL_NAME, DEFAULT_SPECULATION, Speculation, served_model_name
 from shared.tool_call_grammar import TOOL_FORMATS
 
 READY_TIMEOUT_S = 600.0
@@ -47,7 +47,10 @@ def add_up_parser(subparsers: Any) -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument(
-        "--speculation", default=None, help="none|mtp|dflash|tree|ngram|suffix (default: SPECULATION or mtp)"
+        "--speculation",
+        default=None,
+        choices=get_args(Speculation),
+        help=f"speculation mode (SPECULATION; default {DEFAULT_SPECULATION}, shared/settings.py)",
     )
     parser.add_argument("--draft", default=None)
     parser.add_argument(

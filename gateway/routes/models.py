@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway import errors
-from gateway.openai_responses import ModelCard, ModelList
+from gateway.completion_bodies import ModelCard, ModelList
 from gateway.services import Services
 from shared.heartbeat import Heartbeat
 from shared.live_workers import live_workers

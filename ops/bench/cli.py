@@ -326,6 +326,10 @@ def _speculation_modes(text: str) -> list[str]:
 
 
 def _run_decode(args: argparse.Namespace) -> int:
+    if args.formats:  # weight formats x modes: ops/bench/formats.py, above decode.py
+        from ops.bench.formats import run_formats_command
+
+        return run_formats_command(_default_model_as_none(args))
     from ops.bench.decode import run_decode_command
 
     return run_decode_command(_default_model_as_none(args))

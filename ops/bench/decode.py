@@ -68,13 +68,6 @@ class DecodeConfig:
 
 
 def run_decode_command(args: argparse.Namespace) -> int:
-    if getattr(args, "formats", None):  # weight formats x modes: ops/bench/formats.py
-        from ops.bench.formats import formats_markdown, parse_formats, run_formats
-
-        report, folder = run_formats(config_from_args(args), parse_formats(args.formats))
-        print(formats_markdown(report))
-        print(f"results: {folder}")
-        return 0
     report, folder = run_decode(config_from_args(args))
     print(decode_markdown(report))
     print(f"results: {folder}")

@@ -13,6 +13,7 @@ the ratios come from one run on a shared machine. Beside tokens/s the report giv
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,7 +21,14 @@ from pathlib import Path
 
 import torch
 
-from ops.bench.decode import Contender, DecodeConfig, arbor_contenders, encode_prompt, run_interleaved
+from ops.bench.decode import (
+    Contender,
+    DecodeConfig,
+    arbor_contenders,
+    config_from_args,
+    encode_prompt,
+    run_interleaved,
+)
 from ops.bench.decode_stats import PromptRun, add_ratios, losslessness, summarize
 from ops.bench.results import SIDE_BY_SIDE_NOTE, machine_info, results_dir, write_json
 from ops.training.prompts import HELD_OUT
@@ -191,3 +199,11 @@ def formats_markdown(report: dict) -> str:
         )
     lines += ["", report["note"], ""]
     return "\n".join(lines)
+
+
+def run_formats_command(args: argparse.Namespace) -> int:
+    """`arbor bench decode --formats ...`: every mode in every weight format, side by side."""
+    report, folder = run_formats(config_from_args(args), parse_formats(args.formats))
+    print(formats_markdown(report))
+    print(f"results: {folder}")
+    return 0

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
+from worker.kernels.quantized_weight import INT4_GROUP_SIZE, Int4Weight
 from worker.models.checkpoint import Checkpoint
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
 from worker.models.loader import build_decoder, build_fast_decoder
-from worker.models.quantized_weight import INT4_GROUP_SIZE, Int4Weight
 from worker.models.weight_formats import LinearFormats
 
 CONFIGS = {

@@ -321,8 +321,7 @@ class _OwnerLoop:
         self._done.set()
 
     def run_request(self, prompt: list[int], params: SamplingParams) -> tuple[float, float, float]:
-        from worker.redis_side.jobs import JobSpec
-        from worker.redis_side.redis_io import JobRef
+        from worker.serving.handoff import JobRef, JobSpec
         from worker.serving.lane_output import OutputOptions
         from worker.serving.owner import StartJob
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.kernels.quantized_weight import quantize_int4, quantize_int8
 from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import quantize_int4, quantize_int8
 from worker.models.weight_packing import KERNEL_DTYPE, as_kernel_sees
 
 pytestmark = [

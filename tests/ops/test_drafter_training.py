@@ -17,10 +17,10 @@ from ops.training.train_drafter import DFlashTrainer, MtpTrainer
 from ops.training.train_mtp import chain_hidden
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
-from worker.drafters.base import TargetStates
 from worker.drafters.dflash import DFlashDrafter
 from worker.drafters.mtp import MtpDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import TargetStates
 from worker.models.rope import RotaryEmbedding
 from worker.serving_model import load_serving_model
 

@@ -29,7 +29,8 @@ from shared import keys
 from shared.openai_schema import ChatCompletionRequest
 from shared.redis_connect import async_client, parse_sentinel_url
 from tests.support.redis_server import RedisServer
-from worker.redis_side.redis_io import BATCH_SCRIPT, JobDone, JobRef, batch_call
+from worker.redis_side.redis_io import BATCH_SCRIPT, batch_call
+from worker.serving.handoff import JobDone, JobRef
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "ops" / "k8s"

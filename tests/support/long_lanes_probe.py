@@ -24,7 +24,7 @@ import torch
 
 from shared.sampling import SamplingParams
 from tests.support.long_prompt_probe import long_prompt, peak_rss_bytes
-from worker.models.kv_pool import new_pool
+from worker.models.pool_factory import new_pool
 from worker.serving.model_stepper import LaneStart, ModelStepper
 from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
 from worker.serving_model import load_serving_model

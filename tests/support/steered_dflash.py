@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from worker.drafters.base import TargetStates
 from worker.drafters.dflash import DFlashDrafter
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.sequence import Sequence
 from worker.speculation.tree import DraftTree, build_best_first_tree
 

@@ -11,7 +11,7 @@ from tests.support.tiny_hybrid_models import make_tiny_hybrid_model
 from tests.support.tiny_models import make_tiny_model
 from worker.models.capacity import CapacityError, kv_bytes_per_token, state_bytes_per_lane
 from worker.models.hybrid.hybrid_pool import HybridPool
-from worker.models.kv_pool import new_pool
+from worker.models.pool_factory import new_pool
 from worker.serving.capacity_gate import decoder_shape, start_capacity
 from worker.serving_model import load_serving_model
 

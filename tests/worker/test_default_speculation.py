@@ -7,10 +7,10 @@ import pytest
 from shared.settings import WorkerSettings
 from tests.support.tiny_drafters import make_tiny_model_with_mtp
 from tests.support.tiny_models import make_tiny_model
-from worker.drafters.base import DrafterError
 from worker.drafters.mtp import MtpDrafter
 from worker.drafters.picker import SourcePicker
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import DrafterError
 from worker.models.loader import load_model
 
 

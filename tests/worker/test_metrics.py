@@ -6,8 +6,9 @@ import socket
 import urllib.error
 import urllib.request
 
-from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity
+from worker.redis_side.heartbeat import WorkerIdentity
 from worker.redis_side.metrics import WorkerCollector, serve_metrics, stop_metrics
+from worker.serving.handoff import WorkerCounters
 
 
 def _free_port() -> int:

@@ -7,9 +7,8 @@ import time
 
 from shared.protocol import FinalEvent, Usage
 from tests.worker.test_owner import TOKENIZER, ScriptedStepper, ids_of, spec
-from worker.redis_side.heartbeat import WorkerCounters
 from worker.redis_side.outbox import Outbox
-from worker.redis_side.redis_io import JobDone, JobRef, Publication
+from worker.serving.handoff import JobDone, JobRef, Publication, WorkerCounters
 from worker.serving.owner import Capacity, Owner, OwnerConfig, StartJob, StopOwner
 from worker.serving.step_delta import StepDelta
 

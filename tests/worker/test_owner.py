@@ -13,9 +13,8 @@ from shared.protocol import DeltaEvent, FinalEvent, JobState
 from shared.sampling import SamplingParams
 from tests.support.tiny_models import train_tokenizer
 from worker.engine.stats import SpecStats
-from worker.redis_side.heartbeat import WorkerCounters
-from worker.redis_side.jobs import FORCED_CLOSE, JobSpec
-from worker.redis_side.redis_io import JobDone, JobRef, Publication
+from worker.redis_side.jobs import FORCED_CLOSE
+from worker.serving.handoff import JobDone, JobRef, JobSpec, Publication, WorkerCounters
 from worker.serving.lane_output import OutputOptions, ReasoningOptions
 from worker.serving.model_stepper import LaneStart
 from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 from torch import nn
 
-from worker.drafters.base import DrafterError, TargetStates
 from worker.drafters.draft_checkpoint import (
     DraftCheckpoint,
     bundled_drafter_path,
@@ -44,6 +43,7 @@ from worker.drafters.draft_checkpoint import (
     read_draft_checkpoint,
 )
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
+from worker.engine.drafter_protocol import DrafterError, TargetStates
 from worker.engine.sequence import Sequence
 from worker.models.checkpoint import CheckpointError
 from worker.models.config import ModelConfig
@@ -53,8 +53,8 @@ from worker.models.rope import RotaryEmbedding, apply_rotary
 from worker.speculation.tree import DraftTree, build_best_first_tree
 
 if TYPE_CHECKING:
-    from worker.drafters.registry import DraftOptions
-    from worker.models.loader import LoadedModel
+    from worker.drafters.draft_options import DraftOptions
+    from worker.models.loaded_model import LoadedModel
 
 _T = TypeVar("_T")
 

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from worker.drafters.base import DrafterError
+from worker.engine.drafter_protocol import DrafterError
 
 
 @dataclass(slots=True)

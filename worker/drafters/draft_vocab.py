@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.drafters.base import DrafterError
+from worker.engine.drafter_protocol import DrafterError
 from worker.kernels.native_linear import NativeQuantizedLinear, native_linear_of
+from worker.kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from worker.models.refined_head import TopKRefinedHead
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"

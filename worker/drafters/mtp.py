@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from worker.drafters.base import DrafterError, TargetStates
 from worker.drafters.draft_checkpoint import (
     DraftCheckpoint,
     bundled_drafter_path,
@@ -34,6 +33,7 @@ from worker.drafters.draft_checkpoint import (
 )
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
 from worker.drafters.hybrid_mtp_head import HybridMtpHead, HybridMtpLayer
+from worker.engine.drafter_protocol import DrafterError, TargetStates
 from worker.engine.sequence import Sequence
 from worker.kernels.native_linear import drafter_on_native, native_linear_of
 from worker.models.config import ModelConfig
@@ -45,8 +45,8 @@ from worker.models.rope import RotaryEmbedding
 from worker.speculation.tree import DraftTree
 
 if TYPE_CHECKING:
-    from worker.drafters.registry import DraftOptions
-    from worker.models.loader import LoadedModel
+    from worker.drafters.draft_options import DraftOptions
+    from worker.models.loaded_model import LoadedModel
 
 MTP_PREFIX = "mtp."
 DEFAULT_NUM_DRAFT = 3

@@ -15,7 +15,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from worker.drafters.base import TargetStates
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.sequence import Sequence
 from worker.models.decoder import Decoder
 from worker.speculation.tree import ROOT, DraftTree

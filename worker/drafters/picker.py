@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.drafters.base import Drafter, TargetStates, reuses_prefixes
 from worker.drafters.suffix import SuffixDrafter, SuffixState
+from worker.engine.drafter_protocol import Drafter, TargetStates, reuses_prefixes
 from worker.engine.sequence import Sequence
 from worker.speculation.acceptance import DepthAcceptance, expected_tokens
 from worker.speculation.tree import ROOT, DraftTree

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import get_args
 
 from shared.settings import Speculation
-from worker.drafters.base import Drafter, DrafterError
-from worker.drafters.prompt_lookup import PromptLookupDrafter
-from worker.models.loader import LoadedModel
+from worker.drafters.draft_options import DraftOptions
+from worker.drafters.ngram import PromptLookupDrafter
+from worker.engine.drafter_protocol import Drafter, DrafterError
+from worker.models.loaded_model import LoadedModel
 
 SPECULATION_MODES = get_args(Speculation)  # one list, shared with the settings and the CLI
-DEFAULT_SPECULATION = "auto"
-
-
-@dataclass(slots=True, frozen=True)
-class DraftOptions:
-    draft: Path | None = None  # a drafter checkpoint; None = look in the target checkpoint / bundled drafters
-    num_draft: int | None = None  # chain length; None = the mode's default (mtp/ngram 3, dflash block_size - 1)
-    tree_budget: int = 8  # nodes in a best-first tree (tree) or a suffix draft (suffix, unless num_draft is set)
-    tree_top_k: int = 4  # candidates per depth the tree policy may branch into
 
 
 def _ngram(model: LoadedModel, options: DraftOptions) -> Drafter:

@@ -1,7 +1,7 @@
 """The `suffix` speculation mode: suffix decoding, drafted from text the worker has already seen.
 
 As SuffixDecoding (Arctic Inference; vLLM's `suffix` method) does, two suffix trees
-(worker/speculation/suffix_tree.py) are searched each step:
+(worker/drafters/suffix_tree.py) are searched each step:
 
 - the lane's own: its prompt and output so far (the last `max_history` tokens), which catches a
   reply quoting its prompt (a file echoed back with an edit, a tool result's fields), and
@@ -12,7 +12,7 @@ As SuffixDecoding (Arctic Inference; vLLM's `suffix` method) does, two suffix tr
 
 The lane's tail is matched in both (in its own tree, the deepest repeated suffix the tree keeps
 for the tail anyway; in the worker's, a search that starts from the last step's match), each
-match drafts a frequency-scored tree (worker/speculation/suffix_proposal.py), and the one
+match drafts a frequency-scored tree (worker/drafters/suffix_proposal.py), and the one
 expected to get more tokens accepted is proposed. No weights, no target states: a step's
 drafting is a few dictionary walks on the CPU, O(match length) amortized.
 """
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.drafters.base import TargetStates
+from worker.drafters.suffix_proposal import SuffixProposal, draft_from
+from worker.drafters.suffix_tree import NODE_BYTES, SuffixTree
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.sequence import Sequence
-from worker.speculation.suffix_proposal import SuffixProposal, draft_from
-from worker.speculation.suffix_tree import NODE_BYTES, SuffixTree
 from worker.speculation.tree import DraftTree
 
 OWN = 0  # the key of the lane's sequence in its own tree

@@ -26,7 +26,7 @@ import torch
 if TYPE_CHECKING:
     import llguidance
 
-    from worker.models.loader import LoadedModel
+    from worker.models.loaded_model import LoadedModel
 
 MAX_COMPILED_GRAMMARS = 64
 _BIT_VALUES = torch.tensor([1 << bit for bit in range(8)], dtype=torch.uint8)  # bit i of a byte: token 8k+i

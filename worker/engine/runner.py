@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import Drafter, TargetStates, learns_from_outputs, reuses_prefixes
+from worker.engine.drafter_protocol import Drafter, TargetStates, learns_from_outputs, reuses_prefixes
 from worker.engine.grammar_constraint import AnswerStart, GrammarConstraint, GrammarMasks
 from worker.engine.logits_processing import make_generator
 from worker.engine.prompt_logprobs import PromptLogprobs

@@ -14,7 +14,7 @@ from torch import nn
 
 from worker.kernels.native_lib import NativeKernels
 from worker.kernels.packing import pack_int4, pack_int8
-from worker.models.quantized_weight import Int4Weight, QuantizedWeight, quantize_int4
+from worker.kernels.quantized_weight import Int4Weight, QuantizedWeight, quantize_int4
 
 # Split a product over threads only when it is big enough to pay for starting them (~20-40 us):
 # the lm_head of a small model, or a prefill chunk.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from worker.kernels.native_lib import QK, TILE
-from worker.models.quantized_weight import Int4Weight, Int8Weight
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight
 
 
 def as_native_sees(weight: Int4Weight | Int8Weight) -> Int4Weight | Int8Weight:

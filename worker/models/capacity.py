@@ -1,4 +1,4 @@
-"""The capacity gate: how many tokens of K/V, lanes' recurrent states and whole contexts fit.
+"""Capacity arithmetic: how many tokens of K/V, lanes' recurrent states and whole contexts fit.
 
 Plain arithmetic over a `ModelShape` (worker/models/model_shape.py); no tensors, so `arbor
 capacity` answers before a GPU is bought and the worker answers at start-up.
@@ -28,7 +28,7 @@ from worker.models.model_shape import ModelShape
 # (a state slot serves a lane of any length; the blocks decide how long the lanes can grow).
 STATE_SHARE = 0.5
 DEVICE_MEMORY_USE = 0.9  # of the device's memory, for weights and cache: the rest is activations' headroom
-INT4_GROUP = 32  # worker/models/quantized_weight.py's INT4_GROUP_SIZE
+INT4_GROUP = 32  # worker/kernels/quantized_weight.py's INT4_GROUP_SIZE
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 FORMATS = ("float64", "float32", "bfloat16", "float16", "int8", "int4")
 
@@ -61,7 +61,7 @@ class Capacity:
 
 
 def linear_bytes(out_features: int, in_features: int, weight_format: str) -> int:
-    """One [out, in] matrix in a weight format (weight_formats.py, quantized_weight.py):
+    """One [out, in] matrix in a weight format (weight_formats.py, kernels/quantized_weight.py):
     int8 is a byte a weight and a float32 scale a row; int4 is two weights a byte and a float32
     scale and minimum per group of INT4_GROUP along the input."""
     weights = out_features * in_features
@@ -139,7 +139,7 @@ def capacity(
 
 
 def pool_split(budget: int, block_bytes: int, state_bytes: int, max_lanes: int) -> tuple[int, int]:
-    """How a worker's pool divides `budget` bytes (kv_pool.new_pool): (state slots, K/V blocks).
+    """How a worker's pool divides `budget` bytes (pool_factory.new_pool): (state slots, K/V blocks).
     A hybrid gets a state slot per lane up to `max_lanes`, at least one, the slots at most
     STATE_SHARE of the budget; the blocks get the rest (possibly none: the caller refuses that)."""
     if state_bytes == 0:

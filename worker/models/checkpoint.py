@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import tokenizers
 import torch
 
-from worker.models.quantized_weight import QuantizedWeight
+from worker.kernels.quantized_weight import QuantizedWeight
 
 
 class CheckpointError(ValueError):

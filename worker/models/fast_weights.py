@@ -16,11 +16,7 @@ from torch import nn
 
 from worker.kernels.native_lib import load_kernels
 from worker.kernels.native_linear import NativeQuantizedLinear
-from worker.models.decoder import MLP, Attention, Decoder, DecoderLayer
-from worker.models.linear import Linear
-from worker.models.planned_linear import PlannedLinear
-from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import (
+from worker.kernels.quantized_weight import (
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
@@ -29,6 +25,10 @@ from worker.models.quantized_weight import (
     quantize_int4,
     quantize_int8,
 )
+from worker.models.decoder import MLP, Attention, Decoder, DecoderLayer
+from worker.models.linear import Linear
+from worker.models.planned_linear import PlannedLinear
+from worker.models.quantized_linear import QuantizedLinear
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.weight_formats import LinearFormats, WeightFormat
 

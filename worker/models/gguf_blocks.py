@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import torch
 
-from worker.models.quantized_weight import Int4Weight, Int8Weight, QuantizedWeight
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight, QuantizedWeight
 
 _QTYPE = gguf.GGMLQuantizationType
 BLOCK_SIZE = 32

@@ -36,9 +36,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight, QuantizedWeight
 from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.gguf_blocks import QUANTIZED_TYPES, read_blocks
-from worker.models.quantized_weight import Int4Weight, Int8Weight, QuantizedWeight
 
 logger = logging.getLogger(__name__)
 

@@ -32,30 +32,10 @@ import torch
 from worker.models.block_allocator import BlockAllocator, OutOfBlocks
 from worker.models.config import ModelConfig
 
-__all__ = ["KVPool", "OutOfBlocks", "PagedKVCache", "new_pool"]
+__all__ = ["KVPool", "OutOfBlocks", "PagedKVCache"]
 
 DEFAULT_BLOCK_TOKENS = 32  # the prefill cache's block (worker.serving.prefix_cache): a cached prefix is whole blocks
 DEFAULT_MAX_KV_CACHE_BYTES = 2 << 30
-
-
-def new_pool(decoder: object, num_bytes: int, max_lanes: int, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> KVPool:
-    """A pool of `num_bytes` for `decoder`'s lanes. A hybrid model's (worker/models/hybrid/
-    hybrid_pool.py) holds its attention layers' K/V in blocks and its recurrent states in slots,
-    one a lane up to `max_lanes` (capacity.pool_split says how the bytes divide)."""
-    from worker.models.capacity import pool_split
-    from worker.models.decoder import Decoder
-    from worker.models.hybrid.decoder import HybridDecoder
-    from worker.models.hybrid.hybrid_pool import HybridPool, attention_kv_config
-
-    assert isinstance(decoder, Decoder | HybridDecoder), type(decoder)
-    if isinstance(decoder, HybridDecoder):
-        config = decoder.config
-        block_bytes = KVPool.block_bytes(attention_kv_config(config), block_tokens, decoder.dtype)
-        slots, num_blocks = pool_split(num_bytes, block_bytes, decoder.state_bytes(), max_lanes)
-        return HybridPool(config, max(num_blocks, 1), block_tokens, slots, decoder.dtype, decoder.device)
-    block_bytes = KVPool.block_bytes(decoder.config, block_tokens, decoder.dtype)
-    num_blocks = max(num_bytes // block_bytes, 1)
-    return KVPool(decoder.config, num_blocks, block_tokens, decoder.dtype, decoder.device)
 
 
 class KVPool:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
-import tokenizers
 import torch
 from torch import nn
 
@@ -18,28 +16,11 @@ from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
 from worker.models.fast_weights import LinearSource, build_fast_linears
 from worker.models.hybrid.config import is_hybrid
+from worker.models.loaded_model import DTYPES, LoadedModel
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.weight_formats import LinearFormats, linear_formats
 
 logger = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(slots=True)
-class LoadedModel:
-    name: str
-    decoder: Decoder  # or a HybridDecoder: the same forward and cache contract (worker/models/hybrid/)
-    checkpoint: Checkpoint  # tensors dropped after loading, except extras such as `mtp.*`
-    extra_tensors: dict[str, torch.Tensor]  # checkpoint tensors the decoder does not own (e.g. an MTP head)
-    formats: LinearFormats | None = None  # the linears' weight formats (None: built by hand)
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.decoder.config
-
-    @property
-    def tokenizer(self) -> tokenizers.Tokenizer:
-        return self.checkpoint.tokenizer
 
 
 def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None, keep_quantized: bool = False) -> Checkpoint:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker.models.quantized_weight import QuantizedWeight
+from worker.kernels.quantized_weight import QuantizedWeight
 
 
 class PlannedLinear(nn.Module):

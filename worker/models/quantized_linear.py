@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker.models.quantized_weight import Int4Weight, QuantizedWeight
+from worker.kernels.quantized_weight import Int4Weight, QuantizedWeight
 from worker.models.weight_packing import KERNEL_DTYPE, PackedInt4, PackedInt8, pack_int4, pack_int8
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.models.quantized_weight import INT4_KERNEL_OFFSET, Int4Weight, Int8Weight
+from worker.kernels.quantized_weight import INT4_KERNEL_OFFSET, Int4Weight, Int8Weight
 
 KERNEL_DTYPE = torch.bfloat16  # the one activation dtype both kernels are fast in, on CPU and CUDA
 CUDA_INNER_K_TILES = 8

@@ -9,40 +9,14 @@ is what lets the reclaimer's XAUTOCLAIM (min idle = TTL) take only dead workers'
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from shared import keys
 from shared.heartbeat import Heartbeat
-from worker.engine.stats import SourceCounts
 from worker.models.capacity import Capacity
-
-
-@dataclass(slots=True)
-class WorkerCounters:
-    """Totals since start-up. Written by the owner thread only; read (racily, harmlessly) by beats."""
-
-    steps: int = 0
-    tokens: int = 0
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_queries: int = 0
-    # Served on the worker's own /metrics only (see worker.redis_side.metrics), not in the heartbeat:
-    accepted_by_position: list[int] = field(default_factory=list)  # [d]: drafts whose depth d+1 was accepted
-    prefix_cache_bytes: int = 0
-    redeliveries: int = 0  # jobs this worker reclaimed from a dead one
-    preemptions: int = 0  # lanes that gave their KV blocks back to let others run, to resume later
-    step_lanes: int = 0  # lanes summed over every step (÷ steps: the mean batch)
-    step_rows: int = 0  # rows summed over every step
-    kv_blocks_used: int = 0  # KV pool blocks held now (set after every step)
-    kv_blocks_total: int = 0
-    draft_length: int = 0  # adaptive speculation's choice for the last decode step
-    lanes_speculating: int = 0  # lanes of the last decode step that drafted
-    by_source: dict[str, SourceCounts] = field(default_factory=dict)  # drafts per draft source (DraftTree.source)
-    capacity: Capacity | None = None  # what fits in the cache (the capacity gate), set once at start-up
+from worker.serving.handoff import WorkerCounters
 
 
 @dataclass(slots=True, frozen=True)

@@ -28,8 +28,9 @@ from redis.exceptions import RedisError
 from shared.placement import PREFIX_TTL_S
 from shared.protocol import ErrorCode, ErrorEvent, FinalEvent, Job, JobState, Usage
 from worker.redis_side import tokenizer_job
-from worker.redis_side.jobs import JobRejected, JobSpec, PoisonJob, build_spec, parse_job
-from worker.redis_side.redis_io import Claim, JobRef, Publication, PublishResult, RedisIO, dead_letter_fields
+from worker.redis_side.jobs import JobRejected, PoisonJob, build_spec, parse_job
+from worker.redis_side.redis_io import Claim, PublishResult, RedisIO, dead_letter_fields
+from worker.serving.handoff import JobRef, JobSpec, Publication
 from worker.serving_model import ServingModel
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,8 @@ Three ways a job fails before it runs, each a named exception carrying its `Erro
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,6 +22,7 @@ from shared.protocol import ErrorCode, Job, JobState
 from shared.sampling import SamplingParams
 from worker.chat.template import ChatTemplateError, flatten_text_parts
 from worker.engine.runner import ContextLengthError
+from worker.serving.handoff import JobSpec
 from worker.serving.lane_output import OutputOptions, ReasoningOptions
 from worker.serving_model import ServingModel
 
@@ -48,27 +48,6 @@ class JobRejected(ValueError):
     def __init__(self, message: str, code: str):
         super().__init__(message)
         self.code = code
-
-
-@dataclass(slots=True)
-class JobSpec:
-    request_id: str
-    entry_id: str
-    attempt: int
-    kind: str
-    created: float
-    deadline: float
-    prompt_ids: list[int]
-    params: SamplingParams
-    n: int
-    output: OutputOptions
-    resume: JobState  # emitted tokens, finished choices and next seq (all empty for a first attempt)
-    picked_at: float = field(default_factory=time.time)
-    priority: int = 0  # the class its lanes run in (lower runs sooner)
-
-    def resumed_ids(self, choice: int) -> list[int]:
-        emitted = self.resume.emitted_token_ids
-        return list(emitted[choice]) if choice < len(emitted) else []
 
 
 def parse_job(fields: dict[str, str]) -> Job:

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity
+from worker.redis_side.heartbeat import WorkerIdentity
+from worker.serving.handoff import WorkerCounters
 
 
 class WorkerCollector:

@@ -31,7 +31,7 @@ always due, and `take(flush=True)` takes everything (the owner has no step to ru
 
 from __future__ import annotations
 
-from worker.redis_side.redis_io import BatchItem, Publication
+from worker.serving.handoff import BatchItem, Publication
 from worker.serving.step_delta import StepDelta
 
 

@@ -73,7 +73,8 @@ import redis.exceptions
 from shared import keys
 from shared.redis_connect import NoReplica
 from worker.redis_side.outbox import Outbox
-from worker.redis_side.redis_io import BATCH_SCRIPT, BatchItem, JobDone, JobRef, PublishResult, batch_call
+from worker.redis_side.redis_io import BATCH_SCRIPT, PublishResult, batch_call
+from worker.serving.handoff import BatchItem, JobDone, JobRef
 
 log = logging.getLogger(__name__)
 

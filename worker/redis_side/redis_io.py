@@ -27,10 +27,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from shared import keys
-from shared.protocol import EVENT_LOG_TTL_S, JOB_STATE_TTL_S, DeltaEvent, ErrorEvent, FinalEvent, JobState, encode_event
+from shared.protocol import EVENT_LOG_TTL_S, JOB_STATE_TTL_S, JobState, encode_event
+from worker.serving.handoff import BatchItem, JobRef, Publication
 from worker.serving.step_delta import StepDelta
-
-Event = DeltaEvent | FinalEvent | ErrorEvent
 
 _OWNED = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -142,37 +141,6 @@ class PublishResult(enum.IntEnum):
     APPLIED = 1
     DUPLICATE = 0  # a retry of an event that already landed
     FENCED = -1  # the job is no longer ours: stop working on it
-
-
-@dataclass(slots=True, frozen=True)
-class JobRef:
-    """Where a job lives, and which delivery of it this worker holds."""
-
-    request_id: str
-    stream: str
-    entry_id: str
-    attempt: int
-
-
-@dataclass(slots=True)
-class Publication:
-    """One event of a job (written with the job state it leaves: see `JobState`)."""
-
-    ref: JobRef
-    event: Event | StepDelta  # a delta stays a StepDelta until its batch is encoded
-    # A delta up to and including the job's first visible output: never held back (TTFT). Finals,
-    # errors and acks never are either; later deltas may wait for the stream and publish intervals.
-    first_output: bool = False
-
-
-@dataclass(slots=True)
-class JobDone:
-    """Every choice of a job has ended (or the request failed): acknowledge the entry, drop the state."""
-
-    ref: JobRef
-
-
-BatchItem = Publication | JobDone
 
 
 @dataclass(slots=True, frozen=True)

@@ -42,14 +42,15 @@ from shared.redis_connect import async_client, sync_pool
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
-from worker.models.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES, new_pool
-from worker.redis_side.heartbeat import WorkerCounters, WorkerIdentity, beat, heartbeat, retire
+from worker.models.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES
+from worker.models.pool_factory import new_pool
+from worker.redis_side.heartbeat import WorkerIdentity, beat, heartbeat, retire
 from worker.redis_side.intake import Intake
 from worker.redis_side.job_streams import JobStreams
-from worker.redis_side.jobs import JobSpec
 from worker.redis_side.publisher import Publisher
-from worker.redis_side.redis_io import JobRef, RedisIO
+from worker.redis_side.redis_io import RedisIO
 from worker.serving.capacity_gate import log_capacity, start_capacity
+from worker.serving.handoff import JobRef, JobSpec, WorkerCounters
 from worker.serving.model_stepper import ModelStepper
 from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.serving.prefix_cache import PrefixCache

@@ -1,4 +1,4 @@
-"""The worker's capacity at start-up: the cache budget, what fits in it, and the context it allows.
+"""The worker's capacity gate, applied at start-up: the cache budget, what fits in it, and the context it allows.
 
 The arithmetic is worker/models/capacity.py's; this module feeds it the loaded model (its config,
 weight format, activation dtype and the bytes its tensors hold: held_bytes.py), the memory left

@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import reuses_prefixes, supports_prefix_reuse
+from worker.engine.drafter_protocol import reuses_prefixes, supports_prefix_reuse
 from worker.engine.logits_processing import TokenLogprobs, logprobs_of
 from worker.engine.runner import GRAMMAR_SOURCE, MAX_FORCED_DRAFT, LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
@@ -44,7 +44,7 @@ from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.hybrid.hybrid_cache import HybridCache, HybridPrefix
 from worker.models.hybrid.hybrid_pool import HybridBlocks, PagedHybridCache
 from worker.models.kv_pool import KVPool
-from worker.redis_side.heartbeat import WorkerCounters
+from worker.serving.handoff import WorkerCounters
 from worker.serving.prefix_cache import PrefixCache, PrefixEntry
 from worker.serving.scheduler import LaneWorkItem
 from worker.serving.step_cost_probe import COST_LANE_COUNTS, measure_step_costs

@@ -47,8 +47,7 @@ from shared.protocol import (
     Usage,
     merge_tool_calls,
 )
-from worker.redis_side.jobs import JobSpec
-from worker.redis_side.redis_io import BatchItem, Event, JobDone, JobRef, Publication
+from worker.serving.handoff import BatchItem, Event, JobDone, JobRef, JobSpec, Publication
 from worker.serving.lane_output import LaneDelta, LaneOutput, format_logprobs, format_prompt_logprobs
 from worker.serving.model_stepper import LaneStart, LaneState, ModelStepper
 from worker.serving.scheduler import (

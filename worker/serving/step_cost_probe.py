@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from shared.sampling import SamplingParams
-from worker.drafters.base import Drafter, TargetStates
+from worker.engine.drafter_protocol import Drafter, TargetStates
 from worker.engine.runner import LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.models.kv_pool import KVPool

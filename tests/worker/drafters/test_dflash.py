@@ -21,9 +21,9 @@ from tests.support.tiny_drafters import (
     transformers_layer_outputs,
     write_random_dflash,
 )
-from worker.drafters.base import DrafterError
 from worker.drafters.dflash import DFlashDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import DrafterError
 from worker.engine.runner import ModelRunner
 from worker.models.loader import LoadedModel, load_model
 from worker.speculation.tree import build_best_first_tree

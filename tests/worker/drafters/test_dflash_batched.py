@@ -14,9 +14,9 @@ import torch
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints, write_random_dflash
 from tests.worker.engine.test_host_syncs import ReadBacks
-from worker.drafters.base import TargetStates
 from worker.drafters.dflash import DFlashDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.models.loader import LoadedModel, load_model

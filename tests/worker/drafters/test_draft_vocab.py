@@ -14,9 +14,9 @@ from torch import nn
 
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints, write_random_mtp
-from worker.drafters.base import DrafterError
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary, write_draft_vocabulary
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import DrafterError
 from worker.engine.runner import ModelRunner
 from worker.models.loader import LoadedModel, load_model
 

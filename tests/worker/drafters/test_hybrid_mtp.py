@@ -36,10 +36,10 @@ from tests.worker.models.hybrid.test_hybrid_batched import run_batched
 from tests.worker.models.hybrid.test_hybrid_prefix_cache import BLOCK as PREFIX_BLOCK
 from tests.worker.models.hybrid.test_hybrid_prefix_cache import _lanes as shared_prefix_lanes
 from tests.worker.speculation.test_lossless import decode, make_prompts
-from worker.drafters.base import DrafterError
 from worker.drafters.hybrid_mtp_head import HybridMtpHead
 from worker.drafters.mtp import MtpDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import DrafterError
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats

@@ -23,9 +23,9 @@ from tests.support.tiny_drafters import (
     transformers_layer_outputs,
     write_random_mtp,
 )
-from worker.drafters.base import DrafterError
 from worker.drafters.mtp import MtpDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import DrafterError
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.models.loader import LoadedModel, load_model

@@ -14,7 +14,7 @@ import pytest
 
 from shared.sampling import SamplingParams
 from tests.worker.speculation.test_lossless import FAMILIES, MODES, decode, loaded, make_prompts, runner_for
-from worker.drafters.prompt_lookup import PromptLookupDrafter
+from worker.drafters.ngram import PromptLookupDrafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.decoder import DECODE_BUCKETS

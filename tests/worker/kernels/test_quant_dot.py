@@ -8,7 +8,7 @@ import torch
 
 from worker.kernels.native_lib import NativeKernels, load_kernels
 from worker.kernels.packing import as_native_sees, pack_int4, pack_int8
-from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 SHAPES = [(1, 32), (17, 64), (48, 96), (960, 576), (133, 1536)]  # (out, in): odd tiles, one block, many
 ROW_COUNTS = [1, 2, 3, 4, 5, 9, 16, 33, 64]

@@ -62,13 +62,17 @@ def test_chat_prompt_matches_transformers_template(models):
 def test_generate_cli_json(capsys):
     from ops.cli import main
 
-    assert main(["generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--json"]) == 0
+    argv = ["generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--json"]
+    assert main([*argv, "--speculation", "none"]) == 0
     import json
 
     out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) == 8 and out["text"]
     assert out["stats"]["target_forwards"] == 8 and out["stats"]["tokens_per_forward"] == 1.0
     assert {"draft_tokens", "accepted_tokens", "decode_s", "tokens_per_s"} <= set(out["stats"])
+    assert main(argv) == 0  # the served default, losslessly the same tokens
+    default = json.loads(capsys.readouterr().out)
+    assert default["speculation"] == "auto" and default["token_ids"] == out["token_ids"]
 
 
 def test_prompt_logprobs_match_transformers(models):

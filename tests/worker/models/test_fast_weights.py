@@ -17,12 +17,12 @@ import torch
 
 from tests.support.tiny_models import make_tiny_model
 from tests.worker.models.test_gguf_loader import write_tiny_gguf
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.config import ModelConfig
 from worker.models.gguf_loader import load_gguf_checkpoint
 from worker.models.loader import build_decoder, build_fast_decoder, load_model, read_checkpoint
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.weight_formats import LinearFormats
 from worker.models.weight_packing import as_kernel_sees

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight
 from worker.models.gguf_blocks import read_blocks
-from worker.models.quantized_weight import Int4Weight, Int8Weight
 
 Q = gguf.GGMLQuantizationType
 

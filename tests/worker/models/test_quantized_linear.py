@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.kernels.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
-from worker.models.quantized_weight import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from worker.models.weight_packing import KERNEL_DTYPE, as_kernel_sees
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 33)

@@ -25,7 +25,8 @@ from tests.worker.service.harness import (
 )
 from tests.worker.service.test_service import reference
 from worker.redis_side.publisher import MAX_STRETCHED_INTERVAL_S, Publisher, stretched_interval
-from worker.redis_side.redis_io import BATCH_SCRIPT, JobDone, JobRef, Publication, PublishResult, batch_call
+from worker.redis_side.redis_io import BATCH_SCRIPT, PublishResult, batch_call
+from worker.serving.handoff import JobDone, JobRef, Publication
 from worker.serving.step_delta import StepDelta
 
 STREAM = keys.request_stream(MODEL)

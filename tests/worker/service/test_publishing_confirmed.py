@@ -10,7 +10,7 @@ from shared import keys
 from shared.protocol import parse_event
 from tests.support.sentinel_set import ReplicatedPair
 from tests.worker.service.test_publishing import Recorder, delta, final_of, publisher, read_job_a
-from worker.redis_side.redis_io import JobDone
+from worker.serving.handoff import JobDone
 
 
 def pump_for(sink, seconds: float) -> None:

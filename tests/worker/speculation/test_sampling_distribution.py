@@ -20,8 +20,8 @@ import torch
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
-from worker.drafters.base import TargetStates
 from worker.drafters.suffix import SuffixDrafter, SuffixOptions
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.logits_processing import process_logits
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence

@@ -14,7 +14,7 @@ import torch
 from worker.models.checkpoint import Checkpoint, CheckpointError
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.decoder import HybridDecoder
-from worker.models.loader import DTYPES, LoadedModel
+from worker.models.loaded_model import DTYPES, LoadedModel
 
 COMPOSITE_TEXT_PREFIX = "model.language_model."
 VISION_PREFIXES = ("model.visual.", "visual.")

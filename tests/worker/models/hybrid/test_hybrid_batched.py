@@ -21,9 +21,9 @@ from shared.sampling import SamplingParams
 from tests.support.steered_dflash import SteeredDFlash
 from tests.worker.models.hybrid.test_hybrid_dflash import TREE_BUDGET, dflash_drafter, hybrid_target
 from tests.worker.speculation.test_lossless import decode, make_prompts
-from worker.drafters.base import Drafter
 from worker.drafters.oracle import greedy_reference
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import Drafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.serving.model_stepper import LaneStart, ModelStepper

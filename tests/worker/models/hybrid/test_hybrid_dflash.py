@@ -28,10 +28,10 @@ from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_m
 from tests.worker.models.hybrid.test_hybrid_prefix_cache import BLOCK as PREFIX_BLOCK
 from tests.worker.models.hybrid.test_hybrid_prefix_cache import _lanes as shared_prefix_lanes
 from tests.worker.speculation.test_lossless import make_prompts
-from worker.drafters.base import TargetStates
 from worker.drafters.dflash import DFlashDrafter
 from worker.drafters.oracle import greedy_reference
 from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import TargetStates
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.engine.stats import SpecStats

@@ -1,6 +1,6 @@
 """Suffix decoding's draft: the likeliest continuations of a match in a suffix tree. Torch-free.
 
-Given the node of the request's matched suffix (worker/speculation/suffix_tree.py), the tokens
+Given the node of the request's matched suffix (worker/drafters/suffix_tree.py), the tokens
 that followed it before are candidates, weighted by how often each followed: a child's
 probability is child.count / node.continued, a path's the product along it. The draft is the
 best-first tree of the most probable paths, so several continuations are verified in one
@@ -28,7 +28,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.speculation.suffix_tree import Position, SuffixTree
+from worker.drafters.suffix_tree import Position, SuffixTree
 from worker.speculation.tree import ROOT, DraftTree
 
 

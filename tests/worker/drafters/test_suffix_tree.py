@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.speculation.suffix_tree import SuffixTree
+from worker.drafters.suffix_tree import SuffixTree
 
 A, B, C, D = 1, 2, 3, 4
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.speculation.suffix_proposal import draft_from
-from worker.speculation.suffix_tree import SuffixTree
+from worker.drafters.suffix_proposal import draft_from
+from worker.drafters.suffix_tree import SuffixTree
 from worker.speculation.tree import ROOT
 
 X, A, B, C, D, E = 10, 11, 12, 13, 14, 15

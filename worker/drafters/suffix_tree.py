@@ -3,7 +3,7 @@
 The tree answers, for any substring of up to `max_depth` tokens of its sequences: how often did
 it occur (`count`), how often was it followed by a token (`continued`), and by which tokens how
 often (its children's counts): the frequencies suffix decoding drafts from
-(worker/speculation/suffix_proposal.py).
+(worker/drafters/suffix_proposal.py).
 
 A substring that occurred once needs no nodes below it: its one occurrence says what follows.
 So a node of count 1 is a *leaf* that points at its occurrence (a sequence and the position of
