@@ -22,6 +22,7 @@ from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
 Speculation = Literal["auto", "mtp", "tree", "dflash", "ngram", "suffix", "none"]
+Kernels = Literal["auto", "native", "native-int8", "torch"]  # worker/kernels/cpu_features.py
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The one default speculation mode: the worker's setting, `arbor up`, `arbor generate`, compose and
 # Kubernetes all use it (docs/SPECULATION.md says what it does).
@@ -152,7 +153,7 @@ class WorkerSettings(BaseSettings):
     # ARBOR_KERNELS: who multiplies int4/int8 weights on a CPU. auto = Arbor's native kernels where the
     # CPU has AVX-512 VNNI and a C compiler is found (built at first use), else PyTorch's; native;
     # native-int8 (activations in one int8 term, as llama.cpp: faster at many rows, further from float32); torch
-    kernels: Literal["auto", "native", "native-int8", "torch"] = "auto"
+    kernels: Kernels = "auto"
     # ARBOR_THREADS (or OMP_NUM_THREADS, the usual way to say it): the model's intra-op threads;
     # unset: worker/thread_count.py's rule, from the cores this process may use and ARBOR_WORKERS_PER_HOST
     threads: int | None = Field(None, ge=1, validation_alias=AliasChoices("ARBOR_THREADS", "OMP_NUM_THREADS"))

@@ -210,12 +210,22 @@ class DecoderLayer(nn.Module):
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
+def embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """nn.Embedding, randomly initialised only off the meta device. Why: the loaders build decoders
+    on "meta", where normal_ runs torch's Python reference, whose first call imports torch._dynamo:
+    3 s of a quiet worker's start-up, 18 s of a busy one's, for values the checkpoint replaces."""
+    weight = torch.empty(num_embeddings, embedding_dim)
+    if not weight.is_meta:
+        nn.init.normal_(weight)
+    return nn.Embedding(num_embeddings, embedding_dim, _weight=weight)
+
+
 class DecoderBody(nn.Module):
     """The `model.*` part of a checkpoint: embeddings, layers, final norm."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -16,17 +16,25 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from shared.sampling import SamplingParams
 from worker.engine.drafter_protocol import Drafter, TargetStates
 from worker.engine.runner import LaneWork, ModelRunner
 from worker.engine.sequence import Sequence
 from worker.models.kv_pool import KVPool
+from worker.serving.step_cost_cache import StepCostKey, cpu_model
+from worker.serving_model import ServingModel
 from worker.speculation.step_costs import StepCosts
 from worker.speculation.tree import DraftTree
 
-COST_LANE_COUNTS = (1, 4, 16)  # lanes at which step costs are measured (interpolated between)
+# Lanes at which step costs are measured: interpolated between, extrapolated past the last (a step's
+# cost grows about linearly in lanes from 4 on; 16 lanes x 8 drafts took 1-12 s a step on 2 vCPUs).
+COST_LANE_COUNTS = (1, 4)
+COST_REPEATS = 2  # measured rounds after the warm-up one: the median of two is their mean
 COST_PROMPT_TOKENS = 16
 COST_PROMPT = list(range(3, 3 + COST_PROMPT_TOKENS))  # any tokens: a step's cost does not depend on them
 FILLER_TOKEN = 3
@@ -114,3 +122,27 @@ def _measure_at(
     for sequence in sequences:
         sequence.cache.release()
     return {(num_lanes, length): statistics.median(measured) for length, measured in times.items()}
+
+
+def step_cost_key(served: ServingModel, max_draft: int, lane_counts: tuple[int, ...]) -> StepCostKey:
+    """What the costs `measure_step_costs` would measure for `served` depend on (step_cost_cache.py)."""
+    loaded, drafter = served.loaded, served.runner.drafter
+    formats = repr(loaded.formats) if loaded.formats is not None else f"exact path {loaded.decoder.dtype}"
+    return StepCostKey(
+        model=f"{served.name} {_file_identity(loaded.checkpoint.source)}",
+        formats=formats,
+        drafter=f"{served.speculation} {drafter.name if drafter is not None else None} max_draft={max_draft}",
+        threads=torch.get_num_threads(),
+        cpu=cpu_model(),
+        lane_counts=lane_counts,
+    )
+
+
+def _file_identity(source: str) -> str:
+    """Path, bytes and modification time of a model file (of a folder's files, summed and latest)."""
+    path = Path(source)
+    if not source or not path.exists():
+        return source
+    files = [path] if path.is_file() else [child for child in path.iterdir() if child.is_file()]
+    stats = [file.stat() for file in files]
+    return f"{path.resolve()} {sum(s.st_size for s in stats)} B {max((s.st_mtime_ns for s in stats), default=0)}"
