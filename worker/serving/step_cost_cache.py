@@ -87,7 +87,8 @@ def cached_or_measured(
     folder: Path | None, key: StepCostKey, measure: Callable[[], StepCosts | None]
 ) -> StepCosts | None:
     """The table cached for `key` in `folder`, else `measure()`'s, cached there for the next start
-    (None `folder`: measured every start, nothing written)."""
+    if the probe ran to its end (None `folder`: measured every start, nothing written). A table the
+    probe's time budget cut short serves this start only: the next one measures again."""
     if folder is not None:
         cached = read_step_costs(folder, key)
         if cached is not None:
@@ -96,6 +97,6 @@ def cached_or_measured(
     lanes = " and ".join(str(count) for count in key.lane_counts)
     logger.info("step costs: measuring decode steps at %s lanes (once for this model, drafter and CPU)", lanes)
     measured = measure()
-    if measured is not None and folder is not None:
+    if measured is not None and folder is not None and measured.complete:
         write_step_costs(folder, key, measured)
     return measured

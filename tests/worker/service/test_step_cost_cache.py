@@ -57,6 +57,14 @@ def test_a_damaged_or_foreign_file_is_a_miss(tmp_path: Path) -> None:
     assert cached_or_measured(tmp_path, other, probe) == COSTS and probe.calls == 1
 
 
+def test_a_table_the_time_budget_cut_short_serves_one_start_only(tmp_path: Path) -> None:
+    partial = StepCosts({(1, 0): 0.02, (1, 3): 0.05}, complete=False)
+    first, second = Probe(partial), Probe()
+    assert cached_or_measured(tmp_path, KEY, first) == partial
+    assert cached_or_measured(tmp_path, KEY, second) == COSTS and second.calls == 1, "measured again"
+    assert cached_or_measured(tmp_path, KEY, Probe(partial)) == COSTS, "the full table is kept"
+
+
 def test_without_a_folder_every_start_measures_and_nothing_is_kept(tmp_path: Path) -> None:
     probe = Probe()
     cached_or_measured(None, KEY, probe)
