@@ -95,8 +95,10 @@ def cached_or_measured(
             logger.info("step costs: read from %s (measured at an earlier start)", cache_path(folder, key))
             return cached
     lanes = " and ".join(str(count) for count in key.lane_counts)
-    logger.info("step costs: measuring decode steps at %s lanes (once for this model, drafter and CPU)", lanes)
+    logger.info("step costs: measuring decode steps at %s lanes (kept for this model, drafter and CPU)", lanes)
     measured = measure()
-    if measured is not None and folder is not None and measured.complete:
+    if measured is not None and not measured.complete:
+        logger.info("step costs: the probe's time budget cut it short; the next start measures again")
+    elif measured is not None and folder is not None:
         write_step_costs(folder, key, measured)
     return measured
