@@ -52,11 +52,13 @@ docs: setup
 bench: setup
 	$(BIN)/arbor bench decode $(ARGS)
 
-# Debian tools the deployment tests call: docker-compose (validates compose.yaml) and promtool.
+# Debian tools the tests call: docker-compose (validates compose.yaml), promtool, and for the native
+# kernels (tests/worker/kernels) clang beside gcc, an aarch64 cross compiler and qemu-user (the NEON path).
 ci-tools:
-	@if ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null; then \
+	@if ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null || ! command -v clang >/dev/null \
+	  || ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    docker-compose prometheus >/dev/null; fi
+	    docker-compose prometheus clang qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache

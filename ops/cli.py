@@ -21,9 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ops.bench.cli import add_bench_parser
     from ops.capacity import add_capacity_parser
     from ops.eval.cli import add_eval_parser
+    from ops.launch.up import add_up_parser
     from ops.top import add_top_parser
     from ops.training.train_drafter import add_train_parser
-    from ops.up import add_up_parser
 
     add_up_parser(subparsers)
     add_train_parser(subparsers)

@@ -5,7 +5,7 @@
 #      plain decoding token for token in bfloat16, int4 and float32 on CUDA.
 #   2. ops/bench/gpu_bound.py: batch-1 decode of a random-weight Qwen3-8B shape in bfloat16 and int4,
 #      step time against the memory-bandwidth bound (bandwidth measured by a device copy).
-#   3. ops/bench_ceiling.py --random-hybrid: the oracle's ceiling (plain vs chain vs tree over
+#   3. ops/bench/ceiling.py --random-hybrid: the oracle's ceiling (plain vs chain vs tree over
 #      recurrent state, verification cost by size) on a random 8-layer Qwen3.5-layout hybrid.
 # Results go to $OUT (the device runner's folder) or bench-results/gpu/.
 set -euo pipefail
@@ -24,6 +24,6 @@ timeout 270 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/gpu --junitx
     2>&1 | tee "$RESULTS/gpu_tests.log" || status=1
 timeout 180 "$PYTHON" -m ops.bench.gpu_bound --config qwen3-8b --formats bfloat16,int4 --out "$RESULTS/gpu_bound.json" \
     2>&1 | tee "$RESULTS/gpu_bound.log" || status=1
-timeout 90 "$PYTHON" -m ops.bench_ceiling --random-hybrid qwen3_5 --device cuda --max-tokens 64 --repeats 2 \
+timeout 90 "$PYTHON" -m ops.bench.ceiling --random-hybrid qwen3_5 --device cuda --max-tokens 64 --repeats 2 \
     2>&1 | tee "$RESULTS/hybrid_ceiling.log" || status=1
 exit "$status"

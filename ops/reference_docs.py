@@ -39,7 +39,7 @@ COMPOSE_VARIABLES = {
     "MODELS_DIR": "host folder mounted read-only at /models in the workers (MODEL=/models/...)",
     "ARBOR_PUBLISH_PORT": "host port the gateway's :8000 is published on",
     "PROMETHEUS_PORT": "host port of Prometheus (profile-free, always started)",
-    "GRAFANA_PORT": "host port of Grafana (dashboards provisioned from ops/grafana)",
+    "GRAFANA_PORT": "host port of Grafana (dashboards provisioned from ops/deploy/grafana)",
     "REDIS_MIN_REPLICAS_TO_WRITE": "Redis `min-replicas-to-write` of the master (the `sentinel` profile)",
 }
 HOME = str(Path.home())

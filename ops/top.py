@@ -18,7 +18,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ops.stack_file import find_stack, runtime_dir
+from ops.launch.stack_file import find_stack, runtime_dir
 from shared.fleet import FleetSnapshot, read_fleet
 from shared.heartbeat import Heartbeat
 from shared.redis_connect import async_client

@@ -51,35 +51,54 @@ _SETTINGS_CONFIG = SettingsConfigDict(
 class GatewaySettings(BaseSettings):
     model_config = _SETTINGS_CONFIG
 
-    # REDIS_URL: redis://, rediss://, unix:// or redis+sentinel://host:port,.../master (docs/DEPLOY.md)
+    # REDIS_URL: the Redis both sides use: `redis://`, `rediss://`, `unix://` or
+    # `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]` (docs/DEPLOY.md)
     redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
-    host: str = "127.0.0.1"  # ARBOR_HOST: the address the gateway listens on
-    port: int = Field(8000, ge=0, le=65535)  # ARBOR_PORT: the port the gateway listens on
-    # ARBOR_API_KEYS: comma-separated keys clients send as a Bearer token or x-api-key; empty disables auth
+    # ARBOR_HOST: listen address
+    host: str = "127.0.0.1"
+    # ARBOR_PORT: listen port
+    port: int = Field(8000, ge=0, le=65535)
+    # ARBOR_API_KEYS: comma-separated keys (sent as `Authorization: Bearer` or `x-api-key`); empty disables auth
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
-    auth_health_metrics: bool = False  # ARBOR_AUTH_HEALTH_METRICS: /health, /metrics need a key too
-    max_queue: int = Field(256, ge=1)  # ARBOR_MAX_QUEUE: waiting + pending per model before 429
-    retry_after_s: int = Field(1, ge=1)  # ARBOR_RETRY_AFTER_S: the 429's Retry-After
-    request_timeout_s: float = Field(600.0, gt=0)  # ARBOR_REQUEST_TIMEOUT_S: also the job deadline
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # ARBOR_MAX_BODY_BYTES: largest request body (413 past it)
-    # ARBOR_CLIENT_TIMEOUT_S: longest a client may stall sending its body or taking the reply
+    # ARBOR_AUTH_HEALTH_METRICS: require a key for `/health` and `/metrics` too
+    auth_health_metrics: bool = False
+    # ARBOR_MAX_QUEUE: waiting + pending jobs per model and priority class before 429
+    max_queue: int = Field(256, ge=1)
+    # ARBOR_RETRY_AFTER_S: the 429's `Retry-After`
+    retry_after_s: int = Field(1, ge=1)
+    # ARBOR_REQUEST_TIMEOUT_S: per-request deadline
+    request_timeout_s: float = Field(600.0, gt=0)
+    # ARBOR_MAX_BODY_BYTES: request size cap (413)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # ARBOR_CLIENT_TIMEOUT_S: a client this slow to send or read is dropped
     client_timeout_s: float = Field(30.0, gt=0)
-    max_tokens_cap: int = Field(8192, ge=1)  # ARBOR_MAX_TOKENS_CAP: largest max_tokens accepted
-    default_max_tokens: int = Field(1024, ge=1)  # ARBOR_DEFAULT_MAX_TOKENS: when a request sets none
-    max_n: int = Field(8, ge=1)  # ARBOR_MAX_N: largest n accepted
-    max_prompts: int = Field(64, ge=1)  # ARBOR_MAX_PROMPTS: prompts in one /v1/completions request
-    redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
-    # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm an enqueue (WAIT, up to half the Redis
-    # timeout) before it is accepted; unconfirmed: 503 `redis_no_replica`. 0: no confirmation
+    # ARBOR_MAX_TOKENS_CAP: largest `max_tokens` accepted
+    max_tokens_cap: int = Field(8192, ge=1)
+    # ARBOR_DEFAULT_MAX_TOKENS: `max_tokens` when a request sets none
+    default_max_tokens: int = Field(1024, ge=1)
+    # ARBOR_MAX_N: largest `n` accepted
+    max_n: int = Field(8, ge=1)
+    # ARBOR_MAX_PROMPTS: prompts in one `/v1/completions` request (a batch: one job each)
+    max_prompts: int = Field(64, ge=1)
+    # ARBOR_REDIS_TIMEOUT_S: bound on every Redis call
+    redis_timeout_s: float = Field(5.0, gt=0)
+    # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm an enqueue (else 503 `redis_no_replica`) and each batch
+    # of a worker's events (else it is sent again), by `WAIT`
     redis_min_replicas: int = Field(0, ge=0)
-    event_poll_s: float = Field(1.0, gt=0)  # ARBOR_EVENT_POLL_S: silence before re-reading the log
-    # ARBOR_RESPONSES_TTL_S: how long /v1/responses keeps a stored response (store: true) in Redis
+    # ARBOR_EVENT_POLL_S: silence before re-reading a request's event log
+    event_poll_s: float = Field(1.0, gt=0)
+    # ARBOR_RESPONSES_TTL_S: how long `/v1/responses` keeps a stored response (`store: true`) for `GET` and
+    # `previous_response_id`
     responses_ttl_s: int = Field(3600, ge=1)
-    log_level: str = "info"  # ARBOR_LOG_LEVEL: debug, info, warning or error
-    # ARBOR_KEY_PRIORITIES: "key=default:cap,..." a key's default priority and the best it may claim
+    # ARBOR_LOG_LEVEL: log level
+    log_level: str = "info"
+    # ARBOR_KEY_PRIORITIES: `key=default:cap,...`: an API key's default `priority` and the best it may claim
     key_priorities: Annotated[dict[str, KeyPriority], NoDecode] = Field(default_factory=dict)
-    placement: bool = True  # ARBOR_PLACEMENT: offer a job first to the worker holding its prefix
-    offer_wait_s: float = Field(0.5, gt=0)  # ARBOR_OFFER_WAIT_S: how long an unread offer waits for its worker
+    # ARBOR_PLACEMENT: offer a job first to the worker whose prefill cache holds its conversation's prefix (`0`:
+    # first free worker)
+    placement: bool = True
+    # ARBOR_OFFER_WAIT_S: how long such an offer waits for its worker before any worker may take the job
+    offer_wait_s: float = Field(0.5, gt=0)
 
     @field_validator("key_priorities", mode="before")
     @classmethod
@@ -109,72 +128,100 @@ def _default_worker_id() -> str:
 class WorkerSettings(BaseSettings):
     model_config = _SETTINGS_CONFIG
 
-    # MODEL: an HF folder, a .gguf file, or the default model's name (resolved by the worker).
+    # MODEL: HF folder, `.gguf` file, or the default model's name
     model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")
-    draft: str | None = Field(None, validation_alias="DRAFT")  # DRAFT: DFlash/MTP weights, if not bundled
-    # SPECULATION: the worker's speculation mode (docs/SPECULATION.md); every entry point defaults to this
+    # DRAFT: drafter checkpoint (MTP head or DFlash folder)
+    draft: str | None = Field(None, validation_alias="DRAFT")
+    # SPECULATION: `auto`, `mtp`, `tree`, `dflash`, `ngram`, `suffix` or `none`; every entry point (arbor up,
+    # arbor generate, compose, Kubernetes) defaults to DEFAULT_SPECULATION
     speculation: Speculation = Field(DEFAULT_SPECULATION, validation_alias="SPECULATION")
-    # ARBOR_SERVED_MODEL_NAME (--served-model-name) "name,alias,...": the names clients may send as
-    # "model"; the first is the one replies carry and the stream this worker reads (vLLM's rule).
-    # Default: MODEL's file stem
+    # ARBOR_SERVED_MODEL_NAME: the `model` clients send, then aliases: `qwen,claude-sonnet-4-5`
+    # (`--served-model-name`)
     served_model_name: str | None = None
-    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")  # REDIS_URL: as the gateway's
-    # WORKER_ID: consumer name and heartbeat id; unset: host-pid-random
+    # REDIS_URL: the Redis both sides use: `redis://`, `rediss://`, `unix://` or
+    # `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]` (docs/DEPLOY.md)
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias="REDIS_URL")
+    # WORKER_ID: consumer name and heartbeat id
     worker_id: str = Field(default_factory=_default_worker_id, validation_alias="WORKER_ID")
-    max_lanes: int = Field(32, ge=1)  # ARBOR_MAX_LANES: concurrent requests (lanes batched in each step)
-    # ARBOR_MAX_CONTEXT: tokens per lane, prompt + output; unset: the model's max_position_embeddings,
-    # or the longest lane the KV cache holds if that is less (logged)
+    # ARBOR_MAX_LANES: concurrent requests per worker, batched into each step (a hybrid model: at most the
+    # recurrent-state slots its cache holds, logged)
+    max_lanes: int = Field(32, ge=1)
+    # ARBOR_MAX_CONTEXT: tokens per request, prompt + output; unset: the model's `max_position_embeddings`, or the
+    # longest lane the KV cache holds if less (logged; `arbor capacity` shows it before deploying)
     max_context: int | None = Field(None, ge=16)
-    # ARBOR_KV_CACHE_BYTES: the KV pool every lane's K/V lives in; unset: room for every lane at
-    # full context, at most 2 GiB and 90% of the memory free once the weights are loaded
+    # ARBOR_KV_CACHE_BYTES: the KV block pool all lanes share (a hybrid's recurrent states too); unset: every lane
+    # at full context, at most 2 GiB and 90% of the memory free after loading
     kv_cache_bytes: int | None = Field(None, ge=1)
-    # ARBOR_MAX_BATCH_TOKENS: rows of one step (decode rows first, then prefill chunks)
+    # ARBOR_MAX_BATCH_TOKENS: rows of one step: every decoding lane's rows first, then prefill chunks
     max_batch_tokens: int = Field(256, ge=1)
-    # ARBOR_ADAPTIVE_SPECULATION: draft lengths from step costs measured at start-up and each lane's
-    # acceptance, so speculation never makes a loaded worker slower (0: always the drafter's full draft)
+    # ARBOR_ADAPTIVE_SPECULATION: draft lengths chosen per step from step costs (measured at start-up, corrected
+    # by the steps run) and lanes' acceptance per depth (0: always full drafts)
     adaptive_speculation: bool = True
-    # ARBOR_PREFILL_CACHE_BYTES: the paired prefill cache (prompt prefixes kept for reuse); 0 disables it
+    # ARBOR_PREFILL_CACHE_BYTES: paired prefill cache budget (0 disables)
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
-    tree_budget: int = Field(8, ge=1)  # ARBOR_TREE_BUDGET: nodes per draft tree (modes "tree" and "suffix")
-    stream_interval: int = Field(1, ge=1)  # ARBOR_STREAM_INTERVAL: tokens per streamed delta (vLLM's)
-    # ARBOR_PUBLISH_INTERVAL_MS: least time between a worker's event batches while it has steps to
-    # run; shorter steps share a batch. A job's first output, finals and errors never wait. 0 = every step
+    # ARBOR_TREE_BUDGET: draft-tree nodes (modes `tree` and `suffix`)
+    tree_budget: int = Field(8, ge=1)
+    # ARBOR_STREAM_INTERVAL: tokens per streamed delta after the first (vLLM's `--stream-interval`); 1 streams
+    # every step
+    stream_interval: int = Field(1, ge=1)
+    # ARBOR_PUBLISH_INTERVAL_MS: least time between a worker's event batches while it has steps to run: steps
+    # shorter than this share a batch (a job's first output, finals and errors never wait); 0 publishes every step
     publish_interval_ms: float = Field(5.0, ge=0, le=1000)
-    # ARBOR_PUBLISH_BUDGET: share of the worker's owner thread that publishing may take. Where a
-    # batch costs more than budget x interval, the interval stretches (up to 50 ms). 0 = never stretch
+    # ARBOR_PUBLISH_BUDGET: share of the worker's owner thread that publishing may take: where one batch costs
+    # more than budget × interval (a small or busy host), the interval stretches to fit, up to 50 ms; 0 never
+    # stretches it, nor does an interval of 0. A quarter of a percent because each batch costs Redis, the gateway
+    # and the client ~5× what it costs the owner, on the model's cores when it runs on a CPU (docs/BENCHMARKS.md,
+    # "Measurements behind the serving defaults"). The interval in force is the
+    # `arbor_worker_publish_interval_seconds` gauge
     publish_budget: float = Field(DEFAULT_PUBLISH_BUDGET, ge=0, le=1)
-    orphan_timeout_s: float = Field(10.0, ge=0)  # ARBOR_ORPHAN_TIMEOUT_S: cancel a job nobody hears; 0 = never
-    # ARBOR_DTYPE: activations. auto = float32 on CPU (linears in bfloat16 kernels), bfloat16 on CUDA;
-    # an explicit float32/float64 (with ARBOR_QUANTIZE auto) is the exact path
+    # ARBOR_ORPHAN_TIMEOUT_S: cancel a job whose events no gateway has heard this long (its gateway died); 0 =
+    # never
+    orphan_timeout_s: float = Field(10.0, ge=0)
+    # ARBOR_DTYPE: activations: `float32`, `bfloat16`, `float16`, `float64`; `auto` is float32 on CPU and bfloat16
+    # on CUDA; an explicit `float32`/`float64` with `ARBOR_QUANTIZE=auto` is the exact path
     dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"
-    # ARBOR_QUANTIZE: linear weights. auto = as the file holds them (a Q4 GGUF stays int4) unless
-    # ARBOR_DTYPE is explicit; int4/int8 weight-only; none = dense in the activation dtype
+    # ARBOR_QUANTIZE: linear weights: `int4`/`int8` weight-only, `none` (dense in the activation dtype), `auto`
+    # (as the file holds them: a Q4 GGUF stays int4, unless `ARBOR_DTYPE` is explicit)
     quantize: Quantize = "auto"
-    # ARBOR_KERNELS: who multiplies int4/int8 weights on a CPU. auto = Arbor's native kernels where the
-    # CPU has AVX-512 VNNI and a C compiler is found (built at first use), else PyTorch's; native;
-    # native-int8 (activations in one int8 term, as llama.cpp: faster at many rows, further from float32); torch
+    # ARBOR_KERNELS: who multiplies int4/int8 weights on a CPU: `native` (Arbor's kernels for AVX-512 VNNI,
+    # AVX-VNNI, AVX2 or ARM dotprod, and fused layers, built with the machine's C compiler at first use; the
+    # portable C path elsewhere), `native-int8` (the same with one-term int8 activations, as llama.cpp), `torch`
+    # (PyTorch's aten kernels); `auto` is `native` where the CPU has one of those vector paths and a compiler is
+    # found
     kernels: Kernels = "auto"
-    # ARBOR_THREADS (or OMP_NUM_THREADS, the usual way to say it): the model's intra-op threads;
-    # unset: worker/thread_count.py's rule, from the cores this process may use and ARBOR_WORKERS_PER_HOST
+    # ARBOR_KERNEL_ISA: the native kernels' path, forced (tests, benchmarks): `portable`, `avx512_vnni`, `avx2`,
+    # `avx_vnni`, `neon_dotprod`; one the CPU lacks is refused; `auto` is the fastest it runs
+    kernel_isa: Literal["auto", "portable", "avx512_vnni", "avx2", "avx_vnni", "neon_dotprod"] = "auto"
+    # ARBOR_THREADS: the model's intra-op threads; unset: `max(1, cores // ARBOR_WORKERS_PER_HOST)`, the worker's
+    # share of the cores it may use (oversubscribing cost 4x: `worker/thread_count.py`) (`OMP_NUM_THREADS` is read
+    # when this is unset)
     threads: int | None = Field(None, ge=1, validation_alias=AliasChoices("ARBOR_THREADS", "OMP_NUM_THREADS"))
-    workers_per_host: int = Field(1, ge=1)  # ARBOR_WORKERS_PER_HOST: workers sharing this host's cores
-    heartbeat_interval_s: float = Field(1.0, gt=0)  # ARBOR_HEARTBEAT_INTERVAL_S: how often a worker says it lives
-    heartbeat_ttl_s: float = Field(5.0, gt=0)  # ARBOR_HEARTBEAT_TTL_S: dead after this silence
-    max_attempts: int = Field(3, ge=1)  # ARBOR_MAX_ATTEMPTS: deliveries before the dead letter
-    drain_grace_s: float = Field(30.0, ge=0)  # ARBOR_DRAIN_GRACE_S: finish lanes on SIGTERM
-    redis_timeout_s: float = Field(5.0, gt=0)  # ARBOR_REDIS_TIMEOUT_S: every Redis call
-    # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm each batch of events (WAIT) before the
-    # worker counts it as written; unconfirmed batches are sent again. 0: no confirmation
+    # ARBOR_WORKERS_PER_HOST: workers sharing this host's cores; `arbor up --workers N` sets it to N
+    workers_per_host: int = Field(1, ge=1)
+    # ARBOR_HEARTBEAT_INTERVAL_S: heartbeat period
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    # ARBOR_HEARTBEAT_TTL_S: a worker silent this long is dead; its jobs are reclaimed
+    heartbeat_ttl_s: float = Field(5.0, gt=0)
+    # ARBOR_MAX_ATTEMPTS: deliveries before a job is dead-lettered
+    max_attempts: int = Field(3, ge=1)
+    # ARBOR_DRAIN_GRACE_S: time to finish lanes on SIGTERM
+    drain_grace_s: float = Field(30.0, ge=0)
+    # ARBOR_REDIS_TIMEOUT_S: bound on every Redis call
+    redis_timeout_s: float = Field(5.0, gt=0)
+    # ARBOR_REDIS_MIN_REPLICAS: replicas that must confirm an enqueue (else 503 `redis_no_replica`) and each batch
+    # of a worker's events (else it is sent again), by `WAIT`
     redis_min_replicas: int = Field(0, ge=0)
-    metrics_port: int = Field(0, ge=0, le=65535)  # ARBOR_METRICS_PORT: serve /metrics here; 0 = off
-    metrics_host: str = "127.0.0.1"  # ARBOR_METRICS_HOST: 0.0.0.0 in containers, so Prometheus can scrape
-    cache_dir: Path = Path.home() / ".cache" / "arbor"  # ARBOR_CACHE_DIR: converted GGUF weights
-    log_level: str = "info"  # ARBOR_LOG_LEVEL: debug, info, warning or error
-    # ARBOR_TOOL_PARSER: the tool-call format answers are read (and forced calls written) in;
-    # unset: the one the model's chat template asks for (docs/API.md, "Tool-call formats")
+    # ARBOR_METRICS_PORT: serve the worker's `/metrics` on this port (0 = off)
+    metrics_port: int = Field(0, ge=0, le=65535)
+    # ARBOR_METRICS_HOST: its listen address (compose sets `0.0.0.0`)
+    metrics_host: str = "127.0.0.1"
+    # ARBOR_CACHE_DIR: converted GGUF weights
+    cache_dir: Path = Path.home() / ".cache" / "arbor"
+    # ARBOR_LOG_LEVEL: log level
+    log_level: str = "info"
+    # ARBOR_TOOL_PARSER: tool-call format: `hermes`, `qwen3_xml`, `llama3_json`, `mistral` (docs/API.md)
     tool_parser: ToolFormat | None = None
-    # ARBOR_JSON_WHITESPACE: JSON in forced calls and json_schema/json_object answers. compact: no
-    # whitespace between tokens; flexible: up to 16 whitespace characters wherever JSON allows them
+    # ARBOR_JSON_WHITESPACE: JSON in forced calls and schemas: `compact` (none between tokens) or `flexible`
     json_whitespace: JsonWhitespace = "compact"
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ SPECULATION_MODES = get_args(Speculation)
 DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16")
 QUANTIZE_CHOICES = get_args(Quantize)
 KERNEL_CHOICES = ("auto", "native", "native-int8", "torch")  # worker/kernels/cpu_features.py
+KERNEL_ISA_CHOICES = ("auto", "portable", "avx512_vnni", "avx2", "avx_vnni", "neon_dotprod")  # likewise
 
 
 def add_generate_parser(subparsers) -> None:
@@ -96,9 +97,16 @@ def add_precision_arguments(parser: argparse.ArgumentParser, default: str | None
         "--kernels",
         choices=KERNEL_CHOICES,
         default=default,
-        help="who multiplies int4/int8 weights on a CPU: native (Arbor's AVX-512 VNNI kernels, built at first "
-        "use; native-int8: one-term int8 activations as llama.cpp), torch (aten), auto = native where the CPU "
-        "and a C compiler allow (ARBOR_KERNELS)",
+        help="who multiplies int4/int8 weights on a CPU: native (Arbor's kernels for AVX-512 VNNI, AVX-VNNI, "
+        "AVX2 or ARM dotprod, built at first use; native-int8: one-term int8 activations as llama.cpp), torch "
+        "(aten), auto = native where the CPU has a vector path and a C compiler is found (ARBOR_KERNELS)",
+    )
+    parser.add_argument(
+        "--kernel-isa",
+        choices=KERNEL_ISA_CHOICES,
+        default=None if default is None else "auto",
+        help="the native kernels' path, forced (tests, benchmarks; ARBOR_KERNEL_ISA, default auto: the fastest "
+        "this CPU runs)",
     )
 
 
@@ -152,6 +160,7 @@ def run_generate(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         quantize=args.quantize,
         kernels=args.kernels,
+        kernel_isa=args.kernel_isa,
         cache_dir=settings.cache_dir,
         tool_parser=args.tool_parser or settings.tool_parser,
         json_whitespace=settings.json_whitespace,
@@ -256,6 +265,7 @@ _WORKER_FLAGS = (
     "dtype",
     "quantize",
     "kernels",
+    "kernel_isa",
     "tool_parser",
 )
 
@@ -305,6 +315,7 @@ def load_worker_model(settings):
         cache_dir=settings.cache_dir,
         quantize=settings.quantize,
         kernels=settings.kernels,
+        kernel_isa=settings.kernel_isa,
         tool_parser=settings.tool_parser,
         json_whitespace=settings.json_whitespace,
     )

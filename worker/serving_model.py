@@ -63,16 +63,19 @@ def load_serving_model(
     cache_dir: Path | None = None,
     quantize: str = "auto",
     kernels: str = "auto",
+    kernel_isa: str = "auto",
     tool_parser: str | None = None,
     json_whitespace: JsonWhitespace = "compact",
 ) -> ServingModel:
-    """`dtype`, `quantize` and `kernels` as worker.models.loader.load_model takes them ("float32": the exact
-    path); `tool_parser` None: the one the chat template asks for (logged)."""
+    """`dtype`, `quantize`, `kernels` and `kernel_isa` as worker.models.loader.load_model takes them
+    ("float32": the exact path); `tool_parser` None: the one the chat template asks for (logged)."""
     if num_threads:
         torch.set_num_threads(num_threads)
     started = time.monotonic()
     logger.info("loading model %s (dtype %s, quantize %s, kernels %s)", model or "(default)", dtype, quantize, kernels)
-    loaded = load_model(model, dtype=dtype, cache_dir=cache_dir, quantize=quantize, kernels=kernels)
+    loaded = load_model(
+        model, dtype=dtype, cache_dir=cache_dir, quantize=quantize, kernels=kernels, kernel_isa=kernel_isa
+    )
     options = options or DraftOptions()
     drafter = load_drafter(speculation, loaded, options)
     logger.info("model %s and drafter %s loaded in %.1f s", loaded.name, speculation, time.monotonic() - started)

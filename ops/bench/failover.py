@@ -1,7 +1,7 @@
 """`arbor bench failover` (or `python -m ops.bench.failover`): the stack on a Redis Sentinel set,
 through N failovers.
 
-    Sentinel set on loopback (ops/sentinel_set.py: 1 master, 2 replicas, 3 sentinels,
+    Sentinel set on loopback (ops/launch/sentinel_set.py: 1 master, 2 replicas, 3 sentinels,
     min-replicas-to-write 1, down-after 1000 ms)
     arbor up --workers W (REDIS_URL=redis+sentinel://..., ARBOR_REDIS_MIN_REPLICAS=1)
     per round: S greedy streams; once text flows on all, the master gets SIGKILL (and is
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from ops.sentinel_set import Node, SentinelSet, wait_for
+from ops.launch.sentinel_set import Node, SentinelSet, wait_for
 from shared.redis_connect import sync_client
 
 READY_LINE = "Arbor is up at"

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 from ops.bench.results import machine_info, markdown_table, median_with_interval, results_dir, write_json
-from ops.embedded_redis import EmbeddedRedis
+from ops.launch.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.protocol import JobState
 from shared.sampling import SamplingParams

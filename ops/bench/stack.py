@@ -19,9 +19,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ops.embedded_redis import EmbeddedRedis
-from ops.supervisor import stop_all
-from ops.up import served_name
+from ops.launch.embedded_redis import EmbeddedRedis
+from ops.launch.supervisor import stop_all
+from ops.launch.up import served_name
 
 POLL_S = 0.5
 LOG_TAIL_CHARS = 1500

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from ops.embedded_redis import EmbeddedRedis
+from ops.launch.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.live_stack import free_loopback_port, spawn

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ops.embedded_redis import EmbeddedRedis
+from ops.launch.embedded_redis import EmbeddedRedis
 from tests.e2e.live_stack import READY_LINE, REPO_ROOT, START_TIMEOUT_S, STOP_TIMEOUT_S, free_loopback_port, spawn
 from tests.support.tiny_models import make_tiny_model
 

@@ -144,7 +144,7 @@ def sigstop(cluster: SentinelSet) -> Callable[[], None]:
 
 
 # slow, out of the default run: its second SIGKILL failover has now and then seen no master
-# elected within 60 s on a loaded 2-core machine (ops/sentinel_set.py's harness or the sentinels'
+# elected within 60 s on a loaded 2-core machine (ops/launch/sentinel_set.py's harness or the sentinels'
 # timing, not yet found); run it with -m slow
 @pytest.mark.slow
 @pytest.mark.timeout(1800)

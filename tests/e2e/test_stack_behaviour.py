@@ -189,7 +189,7 @@ def _metric_names(exposition: str) -> set[str]:
 
 
 def test_every_dashboard_metric_is_exported_live(stack: Stack, http: httpx.Client) -> None:
-    dashboard = json.loads((REPO_ROOT / "ops/grafana/dashboards/arbor.json").read_text())
+    dashboard = json.loads((REPO_ROOT / "ops/deploy/grafana/dashboards/arbor.json").read_text())
     exprs = []
 
     def collect(node) -> None:

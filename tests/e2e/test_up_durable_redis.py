@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.stack_file import runtime_dir
+from ops.launch.stack_file import runtime_dir
 from tests.e2e.chat_stream import BackgroundStream
 from tests.e2e.test_up_supervision import END_S, UpStack, answer, chat, start_up, stop_up
 from tests.support.processes import child_pids, command_line

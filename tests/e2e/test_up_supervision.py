@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from ops.stack_file import find_stack, runtime_dir
+from ops.launch.stack_file import find_stack, runtime_dir
 from shared import keys
 from shared.heartbeat import Heartbeat
 from tests.e2e.chat_stream import BackgroundStream

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.bench_ceiling import ORACLES, VERIFY_SIZES, main
+from ops.bench.ceiling import ORACLES, VERIFY_SIZES, main
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints
 
 

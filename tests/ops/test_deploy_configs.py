@@ -63,7 +63,7 @@ def test_the_sentinel_profile_url_reaches_the_gateway_and_workers():
 
 def test_prometheus_config_is_valid():
     result = subprocess.run(
-        [_tool("promtool"), "check", "config", "ops/prometheus/prometheus.yml"],
+        [_tool("promtool"), "check", "config", "ops/deploy/prometheus/prometheus.yml"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -72,6 +72,6 @@ def test_prometheus_config_is_valid():
 
 
 def test_dashboard_json_is_what_the_generator_writes():
-    from ops.grafana.build_dashboard import OUT, dashboard
+    from ops.deploy.grafana.build_dashboard import OUT, dashboard
 
-    assert json.loads(OUT.read_text()) == dashboard(), "run: python -m ops.grafana.build_dashboard"
+    assert json.loads(OUT.read_text()) == dashboard(), "run: python -m ops.deploy.grafana.build_dashboard"

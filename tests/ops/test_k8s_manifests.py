@@ -1,8 +1,8 @@
-"""The Kubernetes manifests (ops/k8s) are valid, offline, and say what the deployment doc says.
+"""The Kubernetes manifests (ops/deploy/k8s) are valid, offline, and say what the deployment doc says.
 
 Core resources are checked against Kubernetes' own JSON schemas as the `kubernetes-validate`
 wheel bundles them, strictly (an unknown field fails); KEDA's against the schemas vendored in
-ops/k8s/schemas (generated from the `cloudcoil-models-keda` wheel: see its README). The query the
+ops/deploy/k8s/schemas (generated from the `cloudcoil-models-keda` wheel: see its README). The query the
 ScaledObject scales on (XLEN of the model's request stream) is run against a real Redis in each
 state of a queue (idle, waiting, running, drained), through the same calls the gateway and the
 workers make.
@@ -33,7 +33,7 @@ from worker.redis_side.redis_io import BATCH_SCRIPT, batch_call
 from worker.serving.handoff import JobDone, JobRef
 
 ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "ops" / "k8s"
+K8S = ROOT / "ops" / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.30.0"
 KEDA_SCHEMAS = {
     "ScaledObject": K8S / "schemas" / "keda.sh-v1alpha1-scaledobject.json",
@@ -42,7 +42,7 @@ KEDA_SCHEMAS = {
 
 
 def documents() -> list[dict]:
-    """What `kubectl kustomize ops/k8s` builds: the kustomization's resources, in order."""
+    """What `kubectl kustomize ops/deploy/k8s` builds: the kustomization's resources, in order."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     return [doc for name in kustomization["resources"] for doc in yaml.safe_load_all((K8S / name).read_text())]
 

@@ -13,7 +13,7 @@ from shared.settings import DEFAULT_SPECULATION
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-MANIFESTS = [ROOT / "compose.yaml", *sorted((ROOT / "ops" / "k8s").glob("*.yaml")), ROOT / "Makefile"]
+MANIFESTS = [ROOT / "compose.yaml", *sorted((ROOT / "ops" / "deploy" / "k8s").glob("*.yaml")), ROOT / "Makefile"]
 # Flags of other tools that the pages show in their own commands (pip, docker compose, pytest, curl,
 # kubectl, qemu, llama.cpp's server, lm-eval), not `arbor` flags.
 OTHER_TOOLS_FLAGS = {
@@ -56,7 +56,7 @@ OTHER_TOOLS_FLAGS = {
     "--maxfail",
     "--import-mode",
 }
-# Flags of the scripts run as modules: `python -m ops.eval.acceptance --record`, ops/bench_ceiling.py
+# Flags of the scripts run as modules: `python -m ops.eval.acceptance --record`, ops/bench/ceiling.py
 MODULE_FLAGS = {"--record", "--device", "--repeats"}
 
 
@@ -100,7 +100,7 @@ def test_other_variables_are_read_somewhere():
 def test_one_default_speculation_mode_everywhere():
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     assert compose["x-worker"]["environment"]["SPECULATION"] == f"${{SPECULATION:-{DEFAULT_SPECULATION}}}"
-    worker = yaml.safe_load((ROOT / "ops" / "k8s" / "worker.yaml").read_text())
+    worker = yaml.safe_load((ROOT / "ops" / "deploy" / "k8s" / "worker.yaml").read_text())
     env = {item["name"]: item.get("value") for item in worker["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["SPECULATION"] == DEFAULT_SPECULATION
     from ops.cli import build_parser

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.restart_policy import CrashHistory, RestartPolicy, restartable
+from ops.launch.restart_policy import CrashHistory, RestartPolicy, restartable
 
 POLICY = RestartPolicy(
     initial_backoff_s=0.5, max_backoff_s=4.0, crash_loop_restarts=3, crash_loop_window_s=60, stable_after_s=30

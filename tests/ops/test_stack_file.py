@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.stack_file import StackInfo, find_stack, running_stacks, runtime_dir, write_stack
+from ops.launch.stack_file import StackInfo, find_stack, running_stacks, runtime_dir, write_stack
 
 
 def info(port: int, pid: int | None = None) -> StackInfo:

@@ -77,7 +77,7 @@ def _write_until_it_lands(client: redis.Redis, key: str, value: int) -> float:
 
 
 # slow, out of the default run: its second failover has now and then seen no master elected within
-# 60 s, on a quiet machine too (ops/sentinel_set.py's harness or the sentinels' timing, not yet
+# 60 s, on a quiet machine too (ops/launch/sentinel_set.py's harness or the sentinels' timing, not yet
 # found); run it with -m slow
 @pytest.mark.slow
 def test_a_sync_client_follows_the_master_through_two_sigkill_failovers_and_loses_no_confirmed_write(

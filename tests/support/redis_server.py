@@ -9,7 +9,7 @@ No TCP port by default (a unix socket in its own temp directory), no persistence
 
 from __future__ import annotations
 
-from ops.embedded_redis import EmbeddedRedis as RedisServer
-from ops.embedded_redis import redis_server_binary
+from ops.launch.embedded_redis import EmbeddedRedis as RedisServer
+from ops.launch.embedded_redis import redis_server_binary
 
 __all__ = ["RedisServer", "redis_server_binary"]

@@ -51,7 +51,7 @@ def test_defaults_come_from_worker_settings(monkeypatch):
 
 
 def test_the_tool_parser_flag_overrides_the_environment_and_arbor_up_passes_it_on(monkeypatch):
-    from ops.up import _worker_args
+    from ops.launch.up import _worker_args
 
     monkeypatch.setenv("ARBOR_TOOL_PARSER", "mistral")
     assert worker_settings(build_parser().parse_args(["worker"])).tool_parser == "mistral"
@@ -71,7 +71,7 @@ def test_an_unknown_tool_parser_is_refused():
 
 
 def test_arbor_up_passes_kernels_on_and_keeps_arbor_host_and_port(monkeypatch):
-    from ops.up import _check_settings, _worker_args
+    from ops.launch.up import _check_settings, _worker_args
 
     up = build_parser().parse_args(["up", "--kernels", "torch"])
     worker_argv = _worker_args(up)
@@ -84,3 +84,18 @@ def test_arbor_up_passes_kernels_on_and_keeps_arbor_host_and_port(monkeypatch):
     assert (gateway.host, gateway.port) == ("127.0.0.2", 8123)
     flagged = _check_settings(build_parser().parse_args(["up", "--port", "8124"]))
     assert (flagged.host, flagged.port) == ("127.0.0.2", 8124), "a flag wins over the variable"
+
+
+def test_the_kernel_isa_comes_from_the_flag_or_the_environment(monkeypatch):
+    from typing import get_args
+
+    from shared.settings import WorkerSettings
+    from worker.cli import KERNEL_ISA_CHOICES
+    from worker.kernels.cpu_features import ISA_CHOICES
+
+    assert KERNEL_ISA_CHOICES == ISA_CHOICES == get_args(WorkerSettings.model_fields["kernel_isa"].annotation)
+    monkeypatch.delenv("ARBOR_KERNEL_ISA", raising=False)
+    assert worker_settings(build_parser().parse_args(["worker"])).kernel_isa == "auto"
+    monkeypatch.setenv("ARBOR_KERNEL_ISA", "avx2")
+    assert worker_settings(build_parser().parse_args(["worker"])).kernel_isa == "avx2"
+    assert worker_settings(build_parser().parse_args(["worker", "--kernel-isa", "portable"])).kernel_isa == "portable"

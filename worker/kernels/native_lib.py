@@ -50,6 +50,10 @@ class QuantizedRows:
 class NativeKernels:
     def __init__(self, library: Path, isa: str):
         self.lib = ctypes.CDLL(str(library))
+        if isa not in ISA_CODES:
+            raise ValueError(f"isa={isa!r}: choose from {', '.join(ISA_CODES)}")
+        if not self.supports(isa):  # the C side's own check: never run an instruction the CPU lacks
+            raise UnsupportedPathError(f"isa={isa!r}: this CPU (or this build) does not run that path")
         self.isa = isa
         self._isa_code = ISA_CODES[isa]
         self.lib.arbor_quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _P, _I]
@@ -58,8 +62,13 @@ class NativeKernels:
         self.lib.arbor_quant_matmul.restype = None
         self.q4_record_bytes = self.lib.arbor_q4_record_bytes()
         self.q8_record_bytes = self.lib.arbor_q8_record_bytes()
-        self.cpu_has_vnni = bool(self.lib.arbor_cpu_has_avx512_vnni())
-        assert isa == "portable" or self.cpu_has_vnni, "the VNNI path on a CPU without it"
+
+    def supports(self, isa: str) -> bool:
+        """Whether this CPU runs path `isa` and this library has it (asked of the C side)."""
+        return bool(self.lib.arbor_cpu_supports(ISA_CODES[isa]))
+
+    def runnable_paths(self) -> list[str]:
+        return [isa for isa in ISA_CODES if self.supports(isa)]
 
     def quantize_rows(self, x: torch.Tensor, two_term: bool = True) -> QuantizedRows:
         """x [rows, k] float32 contiguous, k a multiple of 32."""
@@ -103,11 +112,14 @@ class NativeKernels:
 
 
 @cache
-def kernel_choice(requested: str = "auto") -> KernelChoice:
-    """What this machine runs for `requested` (auto|native|torch); logged once per process."""
-    choice = choose_kernels(requested, cpu_flags(), find_compiler())
+def kernel_choice(requested: str = "auto", isa: str = "auto") -> KernelChoice:
+    """What this machine runs for `requested` (auto|native|native-int8|torch) and `isa` (auto or a
+    path to force); logged once per process."""
+    choice = choose_kernels(requested, cpu_flags(), find_compiler(), isa)
     if choice.kernels == "native":
-        try:
+        try:  # the library's own check narrows the choice (a compiler too old for a path builds none)
+            built = load_kernels("portable").runnable_paths()
+            choice = choose_kernels(requested, cpu_flags(), find_compiler(), isa, built)
             load_kernels(choice.isa or "portable")
         except Exception as error:  # a failed build or load: serve with torch, say why in one line
             choice = KernelChoice("torch", None, f"native kernels unavailable: {error}")
@@ -117,7 +129,12 @@ def kernel_choice(requested: str = "auto") -> KernelChoice:
 
 @cache
 def load_kernels(isa: str) -> NativeKernels:
+    """The kernels on path `isa` (any path this CPU runs); raises UnsupportedPathError for others."""
     compiler = find_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc/clang) to build the native kernels")
     return NativeKernels(built_library(compiler), isa)
+
+
+class UnsupportedPathError(RuntimeError):
+    pass

@@ -51,13 +51,15 @@ def load_model(
     cache_dir: Path | None = None,
     quantize: str = "auto",
     kernels: str = "auto",
+    kernel_isa: str = "auto",
 ) -> LoadedModel:
     """`dtype` is the activation dtype ("auto": weight_formats.py); `quantize` the linears' format.
 
     An explicit float dtype with quantize "auto" is the exact path. Otherwise each linear is held
     in the one format weight_formats.linear_formats' rule gives, and every forward runs in it:
     timing never decides the numbers a request's tokens come from. `kernels` (auto|native|torch)
-    says who multiplies quantized weights on a CPU (worker/kernels/cpu_features.py).
+    says who multiplies quantized weights on a CPU and `kernel_isa` (auto or a path) which native path
+    (worker/kernels/cpu_features.py).
     """
     dtype_name = _dtype_name(dtype)
     checkpoint = read_checkpoint(path, cache_dir, keep_quantized=True)
@@ -67,7 +69,7 @@ def load_model(
         return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), dtype_name, device, quantize)
     config = ModelConfig.from_hf(checkpoint.config)
     device_type = torch.device(device).type
-    choice = kernel_choice(kernels) if device_type == "cpu" else None
+    choice = kernel_choice(kernels, kernel_isa) if device_type == "cpu" else None
     native_isa = choice.isa if choice is not None and choice.kernels == "native" else None
     activations = choice.activations if choice is not None else "int16"
     formats = linear_formats(quantize, dtype_name, device_type, checkpoint.quantization, native_isa, activations)

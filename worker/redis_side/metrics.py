@@ -3,7 +3,7 @@
 Why both this and the gateway's heartbeat sums: the gateway's `/metrics` already exports fleet
 totals read from heartbeats (enough for one-scrape dashboards), but per-position acceptance,
 redeliveries and prefill-cache bytes are per-worker detail that would bloat every heartbeat, and
-per-replica series let Prometheus (DNS discovery, see ops/prometheus) tell workers apart.
+per-replica series let Prometheus (DNS discovery, see ops/deploy/prometheus) tell workers apart.
 Everything is read from the owner thread's counters at scrape time; nothing is counted twice.
 
 The same port answers an orchestrator's probes: GET /livez (200 while the process serves HTTP at

@@ -1,5 +1,6 @@
 """The native int4/int8 kernels against the float64 product of the same quantized values, on every
-path this machine runs; and the invariances the serving path relies on (rows, threads, paths)."""
+path this machine runs; and the invariances the serving path relies on (rows, threads). That every
+path computes the portable path's bits: test_kernel_paths.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ ROW_COUNTS = [1, 2, 3, 4, 5, 9, 16, 33, 64]
 
 
 def paths() -> list[str]:
-    portable = load_kernels("portable")
-    return ["portable", "avx512_vnni"] if portable.cpu_has_vnni else ["portable"]
+    return load_kernels("portable").runnable_paths()
 
 
 @pytest.fixture(params=paths())
@@ -63,24 +63,6 @@ def test_a_row_is_the_same_bits_alone_beside_others_and_on_two_threads(kernels: 
         for row in (0, 5, 36):
             alone = kernels.matmul(packed, bits, kernels.quantize_rows(x[row : row + 1].contiguous(), two_term), 960)
             assert torch.equal(alone[0], together[row]), (bits, row)
-
-
-def test_the_vnni_path_computes_the_portable_paths_bits() -> None:
-    portable = load_kernels("portable")
-    if not portable.cpu_has_vnni:
-        pytest.skip("this CPU has no AVX-512 VNNI")
-    vnni = load_kernels("avx512_vnni")
-    int4, int8 = weights(133, 1536, seed=3)
-    x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(4)) * 10
-    for two_term in (True, False):
-        rows, rows_vnni = portable.quantize_rows(x, two_term), vnni.quantize_rows(x, two_term)
-        assert torch.equal(rows.q, rows_vnni.q) and torch.equal(rows.scales, rows_vnni.scales)
-        assert torch.equal(rows.sums, rows_vnni.sums)
-        if two_term:
-            assert rows.residual is not None and rows_vnni.residual is not None
-            assert torch.equal(rows.residual, rows_vnni.residual)
-        for bits, packed in ((4, pack_int4(int4)), (8, pack_int8(int8))):
-            assert torch.equal(portable.matmul(packed, bits, rows, 133), vnni.matmul(packed, bits, rows, 133))
 
 
 def test_gguf_scales_are_kept_exactly_and_float_ones_rounded_to_fp16() -> None:

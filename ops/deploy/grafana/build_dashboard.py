@@ -1,4 +1,4 @@
-"""Writes ops/grafana/dashboards/arbor.json: `python -m ops.grafana.build_dashboard`.
+"""Writes ops/deploy/grafana/dashboards/arbor.json: `python -m ops.deploy.grafana.build_dashboard`.
 
 The dashboard is generated so its panels stay uniform; the JSON is committed because Grafana
 provisions it from disk. tests/ops check that every metric it queries is exported.

@@ -1,5 +1,5 @@
 """The processes `arbor up` runs, kept running: each one's output forwarded, its death noticed,
-and a restart scheduled by `RestartPolicy` (ops/restart_policy.py).
+and a restart scheduled by `RestartPolicy` (ops/launch/restart_policy.py).
 
 Each child writes into a pipe that a thread forwards line by line to our stdout, prefixed with
 the child's name (`worker-1 | ...`, as compose does), keeping its last lines for the message
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from ops.restart_policy import CrashHistory, RestartPolicy, restartable
+from ops.launch.restart_policy import CrashHistory, RestartPolicy, restartable
 
 LOG_TAIL_LINES = 12
 STOP_TIMEOUT_S = 40.0

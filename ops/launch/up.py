@@ -1,12 +1,12 @@
 """`arbor up`: the whole stack on one machine — embedded Redis, the gateway, N workers.
 
 Each part runs as its own process (exactly what compose runs), kept running by a `Supervisor`
-(ops/supervisor.py): a worker or the gateway that dies is restarted after a capped backoff while
+(ops/launch/supervisor.py): a worker or the gateway that dies is restarted after a capped backoff while
 the rest keep serving, and a dead worker's streams continue on another worker or on its
 replacement (the queue's crash continuation). A crash loop, or a process that exits with a user
 error, stops the stack with one message naming it and its last lines. Only Ctrl-C or SIGTERM
 stops everything cleanly: workers drain, then the gateway stops, then Redis. While it runs, the
-stack's URLs are in a runtime file (ops/stack_file.py) that `arbor top` reads.
+stack's URLs are in a runtime file (ops/launch/stack_file.py) that `arbor top` reads.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, Literal, get_args
 
 import redis
 
-from ops.embedded_redis import APPENDFSYNC_POLICIES, EmbeddedRedis
-from ops.restart_policy import RestartPolicy
-from ops.stack_file import StackInfo, runtime_dir, write_stack
-from ops.supervisor import GiveUp, Supervisor
+from ops.launch.embedded_redis import APPENDFSYNC_POLICIES, EmbeddedRedis
+from ops.launch.restart_policy import RestartPolicy
+from ops.launch.stack_file import StackInfo, runtime_dir, write_stack
+from ops.launch.supervisor import GiveUp, Supervisor
 from shared import keys
 from shared.redis_connect import sync_client
 from shared.settings import (

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from ops.embedded_redis import _free_loopback_port, redis_server_binary
+from ops.launch.embedded_redis import _free_loopback_port, redis_server_binary
 
 MASTER_NAME = "arbor"
 START_TIMEOUT_S = 20.0

@@ -1,6 +1,6 @@
 """The ceiling of speculation on one machine: an oracle drafter (every draft accepted) vs plain decoding.
 
-    python -m ops.bench_ceiling [--model M | --random-hybrid qwen3_5|qwen3_next] [--max-tokens 128]
+    python -m ops.bench.ceiling [--model M | --random-hybrid qwen3_5|qwen3_next] [--max-tokens 128]
         [--threads N] [--device cpu|cuda]
 
 Two tables: decode throughput when each forward verifies a chain of k (or a tree of 8 with
@@ -166,7 +166,7 @@ def verification_table(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.bench_ceiling", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.ceiling", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
     parser.add_argument(
         "--random-hybrid",

@@ -1,0 +1,1 @@
+"""Deployment files: Dockerfiles, Kubernetes manifests, Prometheus and Grafana (with the dashboard builder)."""
