@@ -23,6 +23,7 @@ from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
 Speculation = Literal["auto", "mtp", "tree", "dflash", "ngram", "suffix", "none"]
+Kernels = Literal["auto", "native", "native-int8", "torch"]  # worker/kernels/cpu_features.py
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The one default speculation mode: the worker's setting, `arbor up`, `arbor generate`, compose and
 # Kubernetes all use it (docs/SPECULATION.md says what it does).
@@ -192,7 +193,7 @@ class WorkerSettings(BaseSettings):
     # portable C path elsewhere), `native-int8` (the same with one-term int8 activations, as llama.cpp), `torch`
     # (PyTorch's aten kernels); `auto` is `native` where the CPU has one of those vector paths and a compiler is
     # found
-    kernels: Literal["auto", "native", "native-int8", "torch"] = "auto"
+    kernels: Kernels = "auto"
     # ARBOR_KERNEL_ISA: the native kernels' path, forced (tests, benchmarks): `portable`, `avx512_vnni`, `avx2`,
     # `avx_vnni`, `neon_dotprod`; one the CPU lacks is refused; `auto` is the fastest it runs
     kernel_isa: Literal["auto", "portable", "avx512_vnni", "avx2", "avx_vnni", "neon_dotprod"] = "auto"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from worker.engine.grammar_constraint import GrammarMasks
 from worker.engine.runner import ModelRunner
 from worker.models.decoder import DECODE_BUCKETS, Decoder
 from worker.models.loader import LoadedModel, load_model
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -71,11 +74,14 @@ def load_serving_model(
     ("float32": the exact path); `tool_parser` None: the one the chat template asks for (logged)."""
     if num_threads:
         torch.set_num_threads(num_threads)
+    started = time.monotonic()
+    logger.info("loading model %s (dtype %s, quantize %s, kernels %s)", model or "(default)", dtype, quantize, kernels)
     loaded = load_model(
         model, dtype=dtype, cache_dir=cache_dir, quantize=quantize, kernels=kernels, kernel_isa=kernel_isa
     )
     options = options or DraftOptions()
     drafter = load_drafter(speculation, loaded, options)
+    logger.info("model %s and drafter %s loaded in %.1f s", loaded.name, speculation, time.monotonic() - started)
     decoder = loaded.decoder
     if isinstance(decoder, Decoder) and decoder.device.type == "cuda":
         decoder.decode_buckets = DECODE_BUCKETS  # on a CPU padding rows only cost
@@ -95,7 +101,7 @@ def _tool_parser(chosen: str | None, template_source: str | None) -> str:
         name, why = chosen, "set by ARBOR_TOOL_PARSER / --tool-parser"
     else:
         name, why = choose_tool_parser(template_source)
-    logging.getLogger(__name__).info("tool-call format: %s (%s)", name, why)
+    logger.info("tool-call format: %s (%s)", name, why)
     return name
 
 

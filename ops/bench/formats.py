@@ -140,8 +140,8 @@ def _report(
 
 
 def _describe_formats(model: ServingModel) -> str:
-    selector = model.loaded.decoder.selector
-    return "exact path (dense, unfused)" if selector is None else selector.describe()
+    formats = model.loaded.formats
+    return "exact path (dense, unfused)" if formats is None or formats.is_exact_path else formats.describe()
 
 
 def step_costs(model: ServingModel, rows: Sequence[int] = STEP_ROWS) -> dict[int, float]:

@@ -18,7 +18,6 @@ import torch
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
 from worker.models.loader import build_fast_decoder, load_model, read_checkpoint
-from worker.models.row_plan import RowPlan
 from worker.models.row_timing import forward_cost, new_timing_cache
 from worker.models.weight_formats import LinearFormats
 
@@ -34,8 +33,6 @@ def builds() -> dict[str, Decoder]:
         "apart": build_fast_decoder(config, checkpoint, refined, fuse=False),
         "unrefined": build_fast_decoder(config, checkpoint, LinearFormats("float32", "int4", "int4")),
     }
-    for decoder in decoders.values():
-        decoder.set_formats(RowPlan.single("int4"))
     decoders["float32 exact"] = load_model(None, dtype="float32").decoder
     return decoders
 

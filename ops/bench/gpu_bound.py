@@ -23,7 +23,6 @@ from worker.models.checkpoint import Checkpoint
 from worker.models.config import ModelConfig
 from worker.models.decoder import Decoder
 from worker.models.loader import build_decoder, build_fast_decoder
-from worker.models.row_plan import RowPlan
 from worker.models.weight_formats import LinearFormats
 
 CONFIGS = {
@@ -95,9 +94,7 @@ def build(raw: dict, weight_format: str, device: torch.device) -> Decoder:
     if weight_format == "bfloat16":
         return build_decoder(config, checkpoint.tensors, torch.bfloat16, str(device))
     formats = LinearFormats("bfloat16", "int4", "int4")
-    decoder = build_fast_decoder(config, checkpoint, formats, str(device))
-    decoder.set_formats(RowPlan.single("int4"))
-    return decoder
+    return build_fast_decoder(config, checkpoint, formats, str(device))
 
 
 def weight_bytes(decoder: Decoder) -> int:

@@ -50,6 +50,7 @@ class SupervisedProcess:
     restarts: int = 0
     log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     forwarder: threading.Thread | None = None  # the current incarnation's output, line by line
+    hide: Callable[[str], bool] | None = None  # lines neither forwarded nor kept (arbor up's own polls)
 
     def start(self) -> None:
         # A new session each, so the terminal's Ctrl-C reaches only `arbor up`, which stops them in order.
@@ -65,6 +66,9 @@ class SupervisedProcess:
     def _forward(self, pipe: IO[bytes]) -> None:
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace")
+            hide = self.hide
+            if hide is not None and hide(line):
+                continue
             self.log_tail.append(line if line.endswith("\n") else line + "\n")
             sys.stdout.write(f"{self.name} | {line}")
             sys.stdout.flush()
@@ -85,8 +89,10 @@ class Supervisor:
         self.children: list[SupervisedProcess] = []
         self._on_restart = on_restart
 
-    def add(self, name: str, argv: list[str], env: dict[str, str]) -> SupervisedProcess:
-        child = SupervisedProcess(name, argv, env, CrashHistory(self.policy))
+    def add(
+        self, name: str, argv: list[str], env: dict[str, str], hide: Callable[[str], bool] | None = None
+    ) -> SupervisedProcess:
+        child = SupervisedProcess(name, argv, env, CrashHistory(self.policy), hide=hide)
         child.start()
         self.children.append(child)
         return child

@@ -32,7 +32,14 @@ from ops.launch.stack_file import StackInfo, runtime_dir, write_stack
 from ops.launch.supervisor import GiveUp, Supervisor
 from shared import keys
 from shared.redis_connect import sync_client
-from shared.settings import DEFAULT_MODEL_NAME, DEFAULT_SPECULATION, Speculation, served_model_name
+from shared.settings import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_SPECULATION,
+    GatewaySettings,
+    Kernels,
+    Speculation,
+    served_model_name,
+)
 from shared.tool_call_grammar import TOOL_FORMATS
 
 READY_TIMEOUT_S = 600.0
@@ -42,8 +49,8 @@ REDIS_TIMEOUT_S = 2.0
 
 def add_up_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), the gateway and workers")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=None, help="the gateway's port (ARBOR_PORT, default 8000)")
+    parser.add_argument("--host", default=None, help="the gateway's address (ARBOR_HOST, default 127.0.0.1)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument(
@@ -53,6 +60,12 @@ def add_up_parser(subparsers: Any) -> None:
         help=f"speculation mode (SPECULATION; default {DEFAULT_SPECULATION}, shared/settings.py)",
     )
     parser.add_argument("--draft", default=None)
+    parser.add_argument(
+        "--kernels",
+        default=None,
+        choices=get_args(Kernels),
+        help="who multiplies int4/int8 weights on a CPU: auto, native, native-int8 or torch (ARBOR_KERNELS)",
+    )
     parser.add_argument(
         "--served-model-name", default=None, help="name,alias,... clients may send as model (ARBOR_SERVED_MODEL_NAME)"
     )
@@ -75,11 +88,13 @@ def add_up_parser(subparsers: Any) -> None:
 def run_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers={args.workers} must be at least 1")
-    _check_settings(args)
+    gateway = _check_settings(args)
+    args.host, args.port = gateway.host, gateway.port  # a flag, else ARBOR_HOST / ARBOR_PORT, else the default
+    started = time.monotonic()
     redis_url = os.environ.get("REDIS_URL")
     embedded = None if redis_url else _embedded_redis(args).start()
     redis_url = redis_url or (embedded.url if embedded is not None else "")
-    env = dict(os.environ, REDIS_URL=redis_url, ARBOR_HOST=args.host, ARBOR_PORT=str(args.port))
+    env = dict(os.environ, REDIS_URL=redis_url, ARBOR_HOST=gateway.host, ARBOR_PORT=str(gateway.port))
     env.setdefault("ARBOR_WORKERS_PER_HOST", str(args.workers))  # they split this machine's cores
     stopping = False
 
@@ -93,15 +108,19 @@ def run_up(args: argparse.Namespace) -> int:
     supervisor = Supervisor(RestartPolicy(), on_restart=restarts.count)
     stack_path: Path | None = None
     try:
-        supervisor.add("gateway", _command(["gateway"]), env)
+        redis_source = "embedded Redis" if embedded is not None else "Redis at REDIS_URL"
+        _progress(f"{redis_source} up; starting the gateway and {args.workers} worker(s)")
+        gateway_process = supervisor.add("gateway", _command(["gateway"]), env, hide=_own_health_poll)
         for number in range(1, args.workers + 1):
             supervisor.add(f"worker-{number}", _command(_worker_args(args)), env)
         url = f"http://{args.host}:{args.port}"
         outcome = _wait_healthy(url, supervisor, args.ready_timeout, lambda: stopping)
+        gateway_process.hide = None  # the polls are over: a 503 now is news
         if stopping:
             return 0  # asked to stop while starting: a clean stop
         if outcome is not True:
             return _fail(outcome)
+        _progress(f"ready in {time.monotonic() - started:.1f} s")
         restarts.start([child.name for child in supervisor.children])
         info = StackInfo(os.getpid(), args.port, url, redis_url, args.workers)
         stack_path = write_stack(info, runtime_dir())
@@ -170,13 +189,16 @@ class RestartCounts:
             print(f"arbor up: could not count {name}'s restarts ({type(error).__name__})", file=sys.stderr)
 
 
-def _check_settings(args: argparse.Namespace) -> None:
+def _check_settings(args: argparse.Namespace) -> GatewaySettings:
     """Read the settings the children will read, so that a bad one is this command's one-line
-    error before anything starts, not a child's exit during start-up."""
-    from shared.settings import GatewaySettings, WorkerSettings
+    error before anything starts, not a child's exit during start-up; the gateway's, with the
+    address and port it will listen on."""
+    from shared.settings import WorkerSettings
 
-    GatewaySettings(host=args.host, port=args.port)
+    flags = {name: getattr(args, name) for name in ("host", "port") if getattr(args, name) is not None}
+    gateway = GatewaySettings(**flags)
     WorkerSettings(**_worker_flags(args))
+    return gateway
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
@@ -188,8 +210,18 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 
 def _worker_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags `arbor up` passes on to each worker, where given."""
-    flags = ("model", "speculation", "draft", "served_model_name", "tool_parser")
+    flags = ("model", "speculation", "draft", "kernels", "served_model_name", "tool_parser")
     return {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
+
+
+def _progress(message: str) -> None:
+    print(f"arbor up: {message}", flush=True)
+
+
+def _own_health_poll(line: str) -> bool:
+    """The gateway's access line for one of `_wait_healthy`'s polls before a worker is ready: one
+    every half second would bury the workers' progress lines (shown again once it is ready)."""
+    return '"GET /health HTTP/1.1" 503' in line
 
 
 def _command(argv: list[str]) -> list[str]:

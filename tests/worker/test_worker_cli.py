@@ -70,6 +70,22 @@ def test_an_unknown_tool_parser_is_refused():
         build_parser().parse_args(["worker", "--tool-parser", "nonsense"])
 
 
+def test_arbor_up_passes_kernels_on_and_keeps_arbor_host_and_port(monkeypatch):
+    from ops.launch.up import _check_settings, _worker_args
+
+    up = build_parser().parse_args(["up", "--kernels", "torch"])
+    worker_argv = _worker_args(up)
+    assert worker_argv[worker_argv.index("--kernels") + 1] == "torch"
+    assert worker_settings(build_parser().parse_args(worker_argv)).kernels == "torch"
+    assert "--kernels" not in _worker_args(build_parser().parse_args(["up"])), "unset: the worker's own default"
+    monkeypatch.setenv("ARBOR_HOST", "127.0.0.2")
+    monkeypatch.setenv("ARBOR_PORT", "8123")
+    gateway = _check_settings(build_parser().parse_args(["up"]))
+    assert (gateway.host, gateway.port) == ("127.0.0.2", 8123)
+    flagged = _check_settings(build_parser().parse_args(["up", "--port", "8124"]))
+    assert (flagged.host, flagged.port) == ("127.0.0.2", 8124), "a flag wins over the variable"
+
+
 def test_the_kernel_isa_comes_from_the_flag_or_the_environment(monkeypatch):
     from typing import get_args
 

@@ -64,9 +64,9 @@ class DraftVocabulary:
         dense = lm_head.dense_weight()
         self.token_ids = token_ids = token_ids.to(dense.device)
         weight = dense[token_ids].float()  # [subset, hidden]
-        bias = getattr(lm_head.impls[lm_head.weight_formats[0]], "bias", None)
+        bias = getattr(lm_head.module, "bias", None)
         bias = bias[token_ids] if bias is not None else None
-        primary = lm_head.weight_formats[0]
+        primary = lm_head.weight_format
         quantizers: dict[str, Callable[[torch.Tensor], QuantizedWeight]] = {
             "int4": quantize_int4,
             "int8": quantize_int8,

@@ -3,9 +3,9 @@
 Plain arithmetic over a `ModelShape` (worker/models/model_shape.py); no tensors, so `arbor
 capacity` answers before a GPU is bought and the worker answers at start-up.
 
-    weights        linears in the weight format (+ a dense bfloat16 copy of them for a quantized model
-                   of at most MAX_ALTERNATIVE_PARAMS, as weight_formats.linear_formats keeps one),
-                   the rest dense in the activation dtype
+    weights        linears in the weight format (one copy: weight_formats.py holds one format), the
+                   rest dense in the activation dtype; a worker logs the bytes its tensors really
+                   take instead (held_bytes.py), packing and a quantized head's kept source included
     K/V per token  2 (K and V) x K/V layers x kv_heads x head_dim x activation bytes
     state per lane DeltaNet layers x (conv tail in the activation dtype + delta-rule state in at least
                    float32), whatever the context's length
@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from worker.models.model_shape import ModelShape
-from worker.models.weight_formats import MAX_ALTERNATIVE_PARAMS, QUANTIZED_FORMATS
 
 # Of a hybrid model's cache, the most its lanes' recurrent states may take: the rest is K/V blocks
 # (a state slot serves a lane of any length; the blocks decide how long the lanes can grow).
@@ -78,8 +77,6 @@ def weight_bytes(shape: ModelShape, weight_format: str, dtype: str) -> int:
     if weight_format not in FORMATS:
         raise CapacityError(f"format={weight_format!r}: choose from {', '.join(FORMATS)}")
     total = sum(count * linear_bytes(out, inner, weight_format) for count, out, inner in shape.linears)
-    if weight_format in QUANTIZED_FORMATS and shape.num_params <= MAX_ALTERNATIVE_PARAMS:
-        total += 2 * shape.num_linear_params  # the dense bfloat16 copy for large row counts
     return total + shape.dense_params * _dtype_bytes(dtype)
 
 

@@ -29,7 +29,6 @@ from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
 from worker.models.refined_head import TopKRefinedHead
 from worker.models.rope import RotaryEmbedding, apply_rotary
-from worker.models.row_plan import FormatSelector, RowPlan
 
 MIN_PACKED_LANES = 2
 MAX_PACKED_ROWS = 16  # verification widths; a longer prefill chunk attends on its own (padding others to it costs more)
@@ -211,12 +210,22 @@ class DecoderLayer(nn.Module):
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
+def embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """nn.Embedding, randomly initialised only off the meta device. Why: the loaders build decoders
+    on "meta", where normal_ runs torch's Python reference, whose first call imports torch._dynamo:
+    3 s of a quiet worker's start-up, 18 s of a busy one's, for values the checkpoint replaces."""
+    weight = torch.empty(num_embeddings, embedding_dim)
+    if not weight.is_meta:
+        nn.init.normal_(weight)
+    return nn.Embedding(num_embeddings, embedding_dim, _weight=weight)
+
+
 class DecoderBody(nn.Module):
     """The `model.*` part of a checkpoint: embeddings, layers, final norm."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -292,7 +301,6 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary: RotaryEmbedding | None = None
         self.activation_dtype: torch.dtype | None = None  # set where the linears' formats differ from it
-        self.selector: FormatSelector | None = None  # which format serves a forward (PlannedLinear layers)
         # Row counts a decode step is padded up to (DECODE_BUCKETS where set, on CUDA): a step's
         # linear layers, norms and MLP then run in a few fixed shapes, the pieces a CUDA graph can
         # capture around the attention (as vLLM's piecewise graphs do). None: exactly its rows.
@@ -307,18 +315,6 @@ class Decoder(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
-
-    def share_selector(self, selector: FormatSelector) -> None:
-        """Make `selector` choose the format of every PlannedLinear of this decoder."""
-        for module in self.modules():
-            if isinstance(module, PlannedLinear):
-                module.selector = selector
-        self.selector = selector
-
-    def set_formats(self, plan: RowPlan, decode_format: str | None = None) -> None:
-        """Prefill chunks by `plan`; forwards with logits in `decode_format` (default: the plan's at one row)."""
-        assert self.selector is not None, "a decoder on the exact path holds one format"
-        self.selector.set(plan, decode_format or plan.format_for(1))
 
     def _bucket_padding(self, lanes: Sequence[LaneRows], num_rows: int) -> int:
         """Rows to pad a decode step with, up to its bucket (0: not a decode step, or past the last)."""
@@ -363,8 +359,6 @@ class Decoder(nn.Module):
         self, lanes: Sequence[LaneRows], hidden_layers: Sequence[int] = (), want_final_hidden: bool = False
     ) -> list[ForwardOutput]:
         """One forward over the new rows of every lane; one ForwardOutput per lane, in order."""
-        if self.selector is not None:  # a forward without logits only fills the cache: see FormatSelector
-            self.selector.filling_cache = all(lane.num_logits == 0 for lane in lanes)
         if self.rotary is None or self.rotary.dtype != self.dtype:
             self.rotary = RotaryEmbedding(self.config, self.dtype, self.device)
         spans = lane_spans(lanes, self.device)
@@ -398,8 +392,7 @@ class Decoder(nn.Module):
         self, lanes: Sequence[LaneRows], spans: list[Span], num_rows: int
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The one K/V storage every lane of this forward writes to, where the native layers run it."""
-        fused, selector = self.fused, self.selector
-        if fused is None or selector is None or selector.index(num_rows) != fused.format_index:
+        if self.fused is None:
             return None
         first = spans[0].cache
         if isinstance(first, PagedKVCache):

@@ -1,11 +1,10 @@
-"""A decoder's linear layers in their chosen weight formats, with q/k/v and gate/up fused.
+"""A decoder's linear layers in their chosen weight format, with q/k/v and gate/up fused.
 
 `build_fast_linears` replaces every `Linear` of a (meta-built) decoder by a `PlannedLinear`
-holding one module per format (weight_formats.py), made from the checkpoint's weight as it is:
-a GGUF Q4 tensor becomes int4 without a float detour, a float tensor is quantized here, and a
-dense alternative is the quantized weight dequantized with the kernel's own rounded scales (so
-every format holds the same values). The exact path (dense in the activation dtype) never comes
-here: the loader keeps the plain `Linear`s for it, unfused.
+holding the one format weight_formats.py's rule chose, made from the checkpoint's weight as it
+is: a GGUF Q4 tensor becomes int4 without a float detour, a float tensor is quantized here. The
+exact path (dense in the activation dtype) never comes here: the loader keeps the plain
+`Linear`s for it, unfused.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from torch import nn
 
 from worker.kernels.native_lib import load_kernels
 from worker.kernels.native_linear import NativeQuantizedLinear
-from worker.kernels.packing import as_native_sees
 from worker.kernels.quantized_weight import (
     Int4Weight,
     Int8Weight,
@@ -32,9 +30,7 @@ from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
 from worker.models.refined_head import TopKRefinedHead
-from worker.models.row_plan import FormatSelector
 from worker.models.weight_formats import LinearFormats, WeightFormat
-from worker.models.weight_packing import as_kernel_sees
 
 SourceWeight = torch.Tensor | QuantizedWeight  # [out, in] dense, or as the file quantized it
 DENSE_DTYPES = {
@@ -69,12 +65,9 @@ def build_fast_linears(
         else:
             _install_apart(layer, sources, prefix, formats, device)
     head = planned_linear(sources["lm_head"], formats.head, formats, device)
-    if "int4" in head.weight_formats and len(head.weight_formats) == 1:  # a drafter's subset selects its rows
-        head.source = _in_format(sources["lm_head"].weight, "int4")  # type: ignore[assignment]
-    elif "int8" in head.weight_formats and len(head.weight_formats) == 1:
-        head.source = _in_format(sources["lm_head"].weight, "int8")  # type: ignore[assignment]
+    if formats.head in ("int4", "int8"):  # a drafter's subset selects its rows
+        head.source = _in_format(sources["lm_head"].weight, formats.head)  # type: ignore[assignment]
     decoder.lm_head = _refined(head, sources["lm_head"], formats, device) if formats.refine_head else head
-    decoder.share_selector(FormatSelector(formats.formats))
 
 
 def _refined(
@@ -137,20 +130,12 @@ def stack_rows(parts: list[LinearSource]) -> LinearSource:
 
 
 def planned_linear(
-    source: LinearSource, primary: WeightFormat, formats: LinearFormats, device: torch.device | str
+    source: LinearSource, weight_format: WeightFormat, formats: LinearFormats, device: torch.device | str
 ) -> PlannedLinear:
-    """A layer holding `primary` and, if the model keeps one, the dense alternative of the same values."""
+    """A layer holding the source's weight in `weight_format`, and nothing else."""
     out_features, in_features = source.weight.shape
-    kernel_weight = _in_format(source.weight, primary)
-    impls: dict[str, nn.Module] = {primary: format_module(kernel_weight, source.bias, primary, formats, device)}
-    alternative = formats.alternative
-    if alternative is not None and alternative == primary:  # every layer holds its formats in one order
-        impls[f"{alternative} (again)"] = impls[primary]
-    elif alternative is not None:
-        seen_as = as_native_sees if formats.kernels == "native" else as_kernel_sees
-        twin = seen_as(kernel_weight).dequantize() if not isinstance(kernel_weight, torch.Tensor) else kernel_weight
-        impls[alternative] = format_module(twin, source.bias, alternative, formats, device)
-    return PlannedLinear(impls, in_features, out_features)
+    module = format_module(_in_format(source.weight, weight_format), source.bias, weight_format, formats, device)
+    return PlannedLinear(module, weight_format, in_features, out_features)
 
 
 def format_module(

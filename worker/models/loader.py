@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -17,9 +18,9 @@ from worker.models.fast_weights import LinearSource, build_fast_linears
 from worker.models.hybrid.config import is_hybrid
 from worker.models.loaded_model import DTYPES, LoadedModel
 from worker.models.refined_head import TopKRefinedHead
-from worker.models.row_plan import RowPlan
-from worker.models.row_timing import plan_rows
 from worker.models.weight_formats import LinearFormats, linear_formats
+
+logger = logging.getLogger(__name__)
 
 
 def read_checkpoint(path: str | Path | None, cache_dir: Path | None = None, keep_quantized: bool = False) -> Checkpoint:
@@ -49,15 +50,13 @@ def load_model(
     device: str = "cpu",
     cache_dir: Path | None = None,
     quantize: str = "auto",
-    row_plan: RowPlan | None = None,
     kernels: str = "auto",
     kernel_isa: str = "auto",
 ) -> LoadedModel:
     """`dtype` is the activation dtype ("auto": weight_formats.py); `quantize` the linears' format.
 
-    An explicit float dtype with quantize "auto" is the exact path of before. A model that keeps
-    two formats gets `row_plan`, or else one measured here (row_timing.py, a few seconds for
-    SmolLM2) for its prefill chunks. Every forward with logits runs in the body's format, by rule:
+    An explicit float dtype with quantize "auto" is the exact path. Otherwise each linear is held
+    in the one format weight_formats.linear_formats' rule gives, and every forward runs in it:
     timing never decides the numbers a request's tokens come from. `kernels` (auto|native|torch)
     says who multiplies quantized weights on a CPU and `kernel_isa` (auto or a path) which native path
     (worker/kernels/cpu_features.py).
@@ -73,15 +72,13 @@ def load_model(
     choice = kernel_choice(kernels, kernel_isa) if device_type == "cpu" else None
     native_isa = choice.isa if choice is not None and choice.kernels == "native" else None
     activations = choice.activations if choice is not None else "int16"
-    formats = linear_formats(
-        quantize, dtype_name, device_type, checkpoint.quantization, _num_params(checkpoint), native_isa, activations
-    )
+    formats = linear_formats(quantize, dtype_name, device_type, checkpoint.quantization, native_isa, activations)
     if formats.is_exact_path:
         checkpoint = checkpoint.dequantized()
         decoder = build_decoder(config, checkpoint.tensors, DTYPES[formats.activation_dtype], device)
     else:
         decoder = build_fast_decoder(config, checkpoint, formats, device)
-        decoder.set_formats(row_plan or plan_rows(decoder, formats), decode_format=formats.body)
+    logger.info("weight format: %s", formats.describe())
     owned = _decoder_tensor_names(config) | set(checkpoint.quantized)
     extras = {name: tensor for name, tensor in checkpoint.tensors.items() if name not in owned}
     checkpoint.tensors, checkpoint.quantized = {}, {}
@@ -100,11 +97,6 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
             raise ValueError(f"dtype={dtype!r}: choose from auto, {', '.join(DTYPES)}")
         return dtype
     return next(name for name, value in DTYPES.items() if value == dtype)
-
-
-def _num_params(checkpoint: Checkpoint) -> int:
-    dense = sum(tensor.numel() for tensor in checkpoint.tensors.values())
-    return dense + sum(weight.shape[0] * weight.shape[1] for weight in checkpoint.quantized.values())
 
 
 def _model_name(path: str | Path | None, source: str) -> str:

@@ -8,10 +8,22 @@ A weight format is how a linear layer's matrix is held and multiplied:
 The activation dtype (`--dtype`) is separate: it is the residual stream's, the norms', the
 attention's and the KV cache's. A linear casts its input to its kernel's dtype and back.
 
-`--quantize` chooses the body's format (q/k/v/o and the MLP), the head's (lm_head), and an
-alternative dense format kept beside a quantized one for the row counts where it is faster
-(a verification forward over many draft tokens; see row_plan.py). `none` is today's exact path:
-dense weights in the activation dtype, nothing fused, nothing cast.
+`--quantize` chooses the body's format (q/k/v/o and the MLP) and the head's (lm_head). `none`
+is the exact path: dense weights in the activation dtype, nothing fused, nothing cast.
+
+One format per linear, by rule, never by timing: the served format follows from the request
+(--quantize, --dtype), the checkpoint's quantization, the device and the kernels' choice, and
+every forward of every row count runs in it. Why: a row's numbers must not depend on how many
+rows share its step (a prefill chunk of one lane alone vs of four lanes together fills the same
+K/V), and a start-up race between near-equal formats made them depend on it, and on the
+machine's load at start-up. It also keeps one copy of the weights in memory.
+
+The rule, worked through:
+  --dtype float32/float64, --quantize auto      the exact path, whatever the file holds
+  --quantize auto, a Q4_0/Q4_1 GGUF              int4 (native kernels where chosen, else torch's)
+  --quantize auto, a Q8_0 GGUF                   int8
+  --quantize auto, a float checkpoint            the exact path in the activation dtype
+  --quantize int4/int8                           that format, quantized at load if need be
 """
 
 from __future__ import annotations
@@ -25,9 +37,6 @@ ActivationDtype = Literal["auto", "float32", "float64", "bfloat16", "float16"]
 QUANTIZE_CHOICES: tuple[Quantize, ...] = ("auto", "none", "int8", "int4")
 DTYPE_CHOICES: tuple[ActivationDtype, ...] = ("auto", "float32", "float64", "bfloat16")
 QUANTIZED_FORMATS: frozenset[str] = frozenset({"int8", "int4"})
-# Keep a second, dense copy of a quantized model for large row counts only while it is small:
-# it costs 2 bytes per parameter beside the ~0.6 of int4.
-MAX_ALTERNATIVE_PARAMS = 2_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +44,6 @@ class LinearFormats:
     activation_dtype: str  # "float32", "float64", "bfloat16", "float16"
     body: WeightFormat  # q/k/v/o projections and the MLP
     head: WeightFormat  # lm_head
-    alternative: WeightFormat | None = None  # a dense copy of every linear, for the rows it wins
     refine_head: bool = False  # the head's best candidates recomputed exactly (refined_head.py)
     kernels: str = "torch"  # who multiplies int4/int8: "torch" (aten) or "native" (worker/kernels/)
     native_isa: str | None = None  # the native kernels' path ("avx512_vnni", "portable")
@@ -45,12 +53,19 @@ class LinearFormats:
     def is_exact_path(self) -> bool:
         """Dense weights in the activation dtype: the unfused, uncast path of before."""
         dense = self.activation_dtype
-        return self.body == dense and self.head == dense and self.alternative is None
+        return self.body == dense and self.head == dense
 
     @property
     def formats(self) -> tuple[WeightFormat, ...]:
-        """Every format held in memory: the body's first, then the alternative, if any."""
-        return (self.body,) if self.alternative is None else (self.body, self.alternative)
+        """Every format the linears are held in: the body's, and the head's where it differs."""
+        return (self.body,) if self.head == self.body else (self.body, self.head)
+
+    def describe(self) -> str:
+        """'int4 (native avx512_vnni)': for logs and the benchmarks' reports."""
+        if self.is_exact_path:
+            return f"{self.body} (exact path)"
+        kernels = f"native {self.native_isa}" if self.kernels == "native" else "torch"
+        return f"{' + '.join(self.formats)} ({kernels})"
 
 
 def resolve_activation_dtype(dtype: str, device_type: str) -> str:
@@ -76,11 +91,11 @@ def linear_formats(
     dtype: str,
     device_type: str,
     source_quantization: str | None,
-    num_params: int,
     native_isa: str | None = None,
     native_activations: str = "int16",
 ) -> LinearFormats:
-    """The formats for a model: see the module docstring; `source_quantization` is "int4", "int8" or None.
+    """The formats for a model, by the rule of the module docstring; `source_quantization` is "int4",
+    "int8" or None.
     `native_isa` set: quantized linears run on the native kernels (worker/kernels/cpu_features.py)."""
     activation = resolve_activation_dtype(dtype, device_type)
     chosen = resolve_quantize(quantize, dtype, source_quantization)
@@ -88,14 +103,12 @@ def linear_formats(
         return LinearFormats(activation, _dense(activation), _dense(activation))
     if chosen not in QUANTIZED_FORMATS:
         raise ValueError(f"quantize={quantize!r}: choose from {', '.join(QUANTIZE_CHOICES)}")
-    alternative: WeightFormat | None = "bfloat16" if num_params <= MAX_ALTERNATIVE_PARAMS else None
     body: WeightFormat = "int4" if chosen == "int4" else "int8"
     kernels = "native" if native_isa is not None and device_type == "cpu" else "torch"
     return LinearFormats(
         activation,
         body,
         body,
-        alternative,
         refine_head=activation != "bfloat16",
         kernels=kernels,
         native_isa=native_isa if kernels == "native" else None,

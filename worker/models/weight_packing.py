@@ -103,7 +103,7 @@ def pack_int8(weight: Int8Weight, device: torch.device | str) -> PackedInt8:
 
 def as_kernel_sees(weight: Int4Weight | Int8Weight) -> Int4Weight | Int8Weight:
     """`weight` as the kernel multiplies by it: int8 per channel, scales (and int4's zeros) rounded
-    to the kernel's dtype. Its dequantize() is the dense twin of the packed weight."""
+    to the kernel's dtype."""
     if isinstance(weight, Int8Weight):
         channel = weight.per_channel()
         return Int8Weight(channel.q, _rounded(channel.scales), channel.group_size)

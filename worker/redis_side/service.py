@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import redis
 import redis.asyncio
@@ -42,6 +43,7 @@ from shared.redis_connect import async_client, sync_pool
 from shared.sampling import SamplingParams
 from shared.settings import DEFAULT_PUBLISH_BUDGET, WorkerSettings
 from worker.engine.generate import generate
+from worker.kernels.build import default_cache_dir
 from worker.models.kv_pool import DEFAULT_MAX_KV_CACHE_BYTES
 from worker.models.pool_factory import new_pool
 from worker.redis_side.heartbeat import WorkerIdentity, beat, heartbeat, retire
@@ -54,6 +56,8 @@ from worker.serving.handoff import JobRef, JobSpec, WorkerCounters
 from worker.serving.model_stepper import ModelStepper
 from worker.serving.owner import Capacity, DropJob, Owner, OwnerConfig, StartJob, StopOwner
 from worker.serving.prefix_cache import PrefixCache
+from worker.serving.step_cost_cache import cached_or_measured
+from worker.serving.step_cost_probe import COST_LANE_COUNTS, step_cost_key
 from worker.serving_model import ServingModel
 from worker.speculation.step_costs import StepCosts
 
@@ -85,6 +89,7 @@ class ServiceConfig:
     kv_cache_bytes: int | None = None
     max_batch_tokens: int = 256  # rows of one step
     adaptive_speculation: bool = True  # draft lengths from step costs measured at start-up
+    step_costs_dir: Path | None = None  # where measured step costs are kept between starts; None: not kept
     prefill_cache_bytes: int = 256 * 1024 * 1024
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 5.0
@@ -115,6 +120,7 @@ class ServiceConfig:
             kv_cache_bytes=settings.kv_cache_bytes,
             max_batch_tokens=settings.max_batch_tokens,
             adaptive_speculation=settings.adaptive_speculation,
+            step_costs_dir=default_cache_dir(),
             prefill_cache_bytes=settings.prefill_cache_bytes,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeat_ttl_s=settings.heartbeat_ttl_s,
@@ -300,7 +306,8 @@ class WorkerService:
         self.capacity.max_lanes = max_lanes  # (fewer than asked where a hybrid's states do not fit)
         stepper = ModelStepper(runner, cache, self.counters, new_pool(runner.decoder, kv_cache_bytes, max_lanes))
         if config.adaptive_speculation:
-            stepper.step_costs = stepper.measure_step_costs()
+            key = step_cost_key(served, stepper.max_draft, COST_LANE_COUNTS)
+            stepper.step_costs = cached_or_measured(config.step_costs_dir, key, stepper.measure_step_costs)
             if stepper.step_costs is not None:
                 log.info("decode step costs (lanes, draft tokens) -> ms: %s", _costs_ms(stepper.step_costs.prior))
         owner_config = OwnerConfig(

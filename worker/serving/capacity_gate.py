@@ -1,7 +1,8 @@
 """The worker's capacity gate, applied at start-up: the cache budget, what fits in it, and the context it allows.
 
 The arithmetic is worker/models/capacity.py's; this module feeds it the loaded model (its config,
-weight format and activation dtype), the memory left free once the weights are in, and
+weight format, activation dtype and the bytes its tensors hold: held_bytes.py), the memory left
+free once the weights are in, and
 ARBOR_KV_CACHE_BYTES, then fits the lane length to it: the context (ARBOR_MAX_CONTEXT, else the
 model's own `max_position_embeddings`) becomes at most the longest lane the cache can ever hold,
 so a request that could never run is refused with a 400 naming the limit instead of waiting for
@@ -27,6 +28,7 @@ from worker.models.capacity import (
     state_bytes_per_lane,
 )
 from worker.models.config import ModelConfig
+from worker.models.held_bytes import held_tensor_bytes
 from worker.models.hybrid.config import HybridConfig
 from worker.models.kv_pool import DEFAULT_BLOCK_TOKENS, DEFAULT_MAX_KV_CACHE_BYTES
 from worker.models.model_shape import ModelShape, hybrid_shape, plain_shape
@@ -83,7 +85,8 @@ def start_capacity(
     lanes = min(max_lanes, slots) if per_lane else max_lanes
     if lanes < max_lanes:
         log.warning("the cache holds %d lanes' recurrent states (ARBOR_KV_CACHE_BYTES): %d run at once", lanes, lanes)
-    cap = capacity(shape, max_context, fmt, dtype, budget, block_tokens=DEFAULT_BLOCK_TOKENS)
+    weights = held_tensor_bytes(runner.decoder)  # what is held, not the config's arithmetic
+    cap = capacity(shape, max_context, fmt, dtype, budget, weights, block_tokens=DEFAULT_BLOCK_TOKENS)
     if per_lane:  # what the pool will really hold: its slots, and K/V in the blocks beside them
         per_context = -(-max_context // DEFAULT_BLOCK_TOKENS)
         cap = replace(

@@ -47,7 +47,7 @@ from worker.models.kv_pool import KVPool
 from worker.serving.handoff import WorkerCounters
 from worker.serving.prefix_cache import PrefixCache, PrefixEntry
 from worker.serving.scheduler import LaneWorkItem
-from worker.serving.step_cost_probe import COST_LANE_COUNTS, measure_step_costs
+from worker.serving.step_cost_probe import COST_LANE_COUNTS, COST_REPEATS, measure_step_costs
 from worker.serving_model import verify_rows
 from worker.speculation.acceptance import DEFAULT_ACCEPTANCE, WORKER_DECAY, DepthAcceptance, worker_priors
 from worker.speculation.adaptive import LaneOutlook, choose_draft_length
@@ -285,13 +285,20 @@ class ModelStepper:
         if costs is not None and works and all(not work.is_prefill and work.error is None for _, work in works):
             costs.record(len(works), sum(work.num_rows for _, work in works), seconds)
 
-    def measure_step_costs(self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = 5) -> StepCosts | None:
+    @property
+    def max_draft(self) -> int:
+        """Draft tokens a lane's decode step verifies at most."""
+        return self._decode_rows - 1
+
+    def measure_step_costs(
+        self, lane_counts: tuple[int, ...] = COST_LANE_COUNTS, repeats: int = COST_REPEATS
+    ) -> StepCosts | None:
         """What a decode step costs here with n lanes drafting k tokens each (drafting included),
         for adaptive speculation; None where there is nothing to adapt (no drafter, no pool)."""
         pool = self.pool
         if pool is None or self.runner.drafter is None:
             return None
-        return measure_step_costs(self.runner, pool, self._decode_rows - 1, lane_counts, repeats)
+        return measure_step_costs(self.runner, pool, self.max_draft, lane_counts, repeats)
 
     def prefill(self, state: LaneState, max_tokens: int) -> int:
         """One prefill chunk of this lane alone (as a step of one)."""

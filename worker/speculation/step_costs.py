@@ -32,6 +32,7 @@ class StepCosts:
     """Seconds a decode step takes, measured at (num_lanes, draft_length) points."""
 
     seconds: Mapping[tuple[int, int], float]
+    complete: bool = True  # False: the probe's time budget cut it short (kept for this start only)
 
     @property
     def lane_counts(self) -> list[int]:

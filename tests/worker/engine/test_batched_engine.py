@@ -21,6 +21,7 @@ from worker.models.decoder import DECODE_BUCKETS
 from worker.models.kv_pool import KVPool
 from worker.serving.model_stepper import LaneStart, ModelStepper
 from worker.serving.scheduler import LaneRequest, Scheduler, SchedulerConfig, StepKind
+from worker.serving.step_cost_probe import measure_step_costs
 from worker.speculation.step_costs import StepCosts
 
 NUM_LANES = 12
@@ -224,3 +225,15 @@ def test_step_costs_are_measured_for_each_load_and_draft_length():
     assert all(seconds > 0 for seconds in costs.seconds.values())
     assert stepper.pool.allocator.num_used == 0, "the measurement gives its blocks back"
     assert ModelStepper(runner_for("qwen3", "none"), pool=stepper.pool).measure_step_costs() is None
+    assert costs.complete
+
+
+def test_the_step_cost_probe_stops_at_its_time_budget():
+    runner = runner_for("qwen3", "mtp")
+    decoder = runner.decoder
+    pool = KVPool(decoder.config, 200, BLOCK_TOKENS, decoder.dtype, decoder.device)
+    costs = measure_step_costs(runner, pool, max_draft=3, lane_counts=(1, 4), repeats=2, budget_s=0.0)
+    # one round (the warm-up one) at one lane, then the budget is spent: no more rounds, no 4 lanes
+    assert costs is not None and costs.lane_counts == [1] and not costs.complete
+    assert costs.draft_lengths == [0, 1, 3] and all(seconds > 0 for seconds in costs.seconds.values())
+    assert pool.allocator.num_used == 0

@@ -24,7 +24,6 @@ from worker.models.loader import build_decoder, build_fast_decoder, load_model, 
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
 from worker.models.refined_head import TopKRefinedHead
-from worker.models.row_plan import RowPlan
 from worker.models.weight_formats import LinearFormats
 from worker.models.weight_packing import as_kernel_sees
 
@@ -63,11 +62,9 @@ def logits(decoder, token_ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
 @pytest.mark.parametrize("kind", ["int4", "int8"])
-@pytest.mark.parametrize("served_by", ["quantized", "bfloat16 twin"])
-def test_fast_decoder_matches_exact_decoder_on_the_same_values(family: str, kind: str, served_by: str) -> None:
+def test_fast_decoder_matches_exact_decoder_on_the_same_values(family: str, kind: str) -> None:
     folder = tiny_folder(family)
-    fmt = kind if served_by == "quantized" else "bfloat16"
-    fast = load_model(folder, dtype="auto", quantize=kind, row_plan=RowPlan.single(fmt)).decoder
+    fast = load_model(folder, dtype="auto", quantize=kind, kernels="torch").decoder
     exact = exact_decoder_with_values_of(folder, kind)
     ours, expected = logits(fast, PROMPT), logits(exact, PROMPT)
     assert fast.model.layers[0].self_attn.qkv_proj is not None  # fused
@@ -79,26 +76,20 @@ def test_fast_decoder_matches_exact_decoder_on_the_same_values(family: str, kind
     assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.75  # random tiny models tie often
 
 
-def test_a_mixed_plan_switches_formats_by_row_count() -> None:
-    model = load_model(
-        tiny_folder("qwen3"), dtype="auto", quantize="int4", row_plan=RowPlan(((2, "int4"), (None, "bfloat16")))
-    )
-    head = model.decoder.lm_head
-    assert isinstance(head, TopKRefinedHead) and isinstance(head.head, PlannedLinear)
-    assert head.head.weight_formats == ("int4", "bfloat16")
-    selector = model.decoder.selector
-    assert selector is not None and selector.plan.format_for(3) == "bfloat16" and selector.decode_format == "int4"
-
-
-def test_measured_plan_is_set_at_load() -> None:
-    model = load_model(tiny_folder("qwen3"), dtype="auto", quantize="int4")
-    selector = model.decoder.selector
-    assert selector is not None and {fmt for _, fmt in selector.plan.buckets} <= {"int4", "bfloat16"}
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_a_quantized_model_holds_each_linear_in_one_format_only(kernels: str) -> None:
+    model = load_model(tiny_folder("qwen3"), dtype="auto", quantize="int4", kernels=kernels)
+    planned = [module for module in model.decoder.modules() if isinstance(module, PlannedLinear)]
+    assert planned and all(layer.weight_formats == ("int4",) for layer in planned)
+    # no dense copy of a linear anywhere: the only float matrices are the embedding (the refined head's too)
+    dense = [m for layer in planned for m in layer.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)]
+    assert dense == []
 
 
 def test_explicit_float32_keeps_the_unfused_exact_path() -> None:
     decoder = load_model(tiny_folder("qwen3"), dtype="float32").decoder
-    assert decoder.model.layers[0].self_attn.qkv_proj is None and decoder.selector is None
+    assert decoder.model.layers[0].self_attn.qkv_proj is None
+    assert not any(isinstance(module, PlannedLinear) for module in decoder.modules())
     assert decoder.lm_head.weight.dtype == torch.float32
 
 
@@ -134,7 +125,7 @@ def test_gguf_cache_round_trips_quantized_tensors(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("kernels", "tolerance"), [("torch", 0.03), ("native", 0.07)])
 def test_q4_gguf_loads_into_int4_without_requantizing(tmp_path: Path, kernels: str, tolerance: float) -> None:
     write_tiny_gguf(tmp_path / "tiny.gguf", qtype=Q.Q4_1)
-    model = load_model(tmp_path / "tiny.gguf", dtype="auto", row_plan=RowPlan.single("int4"), kernels=kernels)
+    model = load_model(tmp_path / "tiny.gguf", dtype="auto", kernels=kernels)
     assert model.formats is not None and model.formats.body == "int4"
     exact = load_model(tmp_path / "tiny.gguf", dtype="float32").decoder
     ours, expected = logits(model.decoder, PROMPT[:6]), logits(exact, PROMPT[:6])
@@ -146,7 +137,7 @@ def test_refined_head_is_exact_on_its_candidates_and_fast_elsewhere() -> None:
     generator = torch.Generator().manual_seed(5)
     weight = torch.randn(320, 64, generator=generator)
     int4 = quantize_int4(weight)
-    fast = PlannedLinear({"int4": QuantizedLinear(int4, None, "cpu")}, 64, 320)
+    fast = PlannedLinear(QuantizedLinear(int4, None, "cpu"), "int4", 64, 320)
     head = TopKRefinedHead(fast, weight, num_candidates=8)
     x = torch.randn(3, 64, generator=generator)
     ours, approximate, exact = head(x), fast(x), x @ weight.t()
@@ -164,8 +155,6 @@ def test_fused_and_apart_projections_compute_the_same_model() -> None:
     formats = LinearFormats("float32", "int4", "int4", refine_head=True)
     fused = build_fast_decoder(config, checkpoint, formats)
     apart = build_fast_decoder(config, checkpoint, formats, fuse=False)
-    for decoder in (fused, apart):
-        decoder.set_formats(RowPlan.single("int4"))
     assert apart.model.layers[0].self_attn.qkv_proj is None and fused.model.layers[0].mlp.gate_up_proj is not None
     ours, expected = logits(fused, PROMPT), logits(apart, PROMPT)
     assert (ours - expected).abs().max().item() < 1e-2 * expected.abs().max().item()

@@ -1,11 +1,10 @@
 """Losslessness in every weight format: speculative output equals plain decoding in the same format.
 
 The same tiny targets and drafters as test_lossless.py, loaded in the fast formats: int4 and int8
-weight-only (bfloat16 kernels inside a float32 model), dense bfloat16 throughout, and int4 with a
-bfloat16 twin serving prefill chunks (or the reverse). Forwards whose logits choose tokens all run
-in one decode format (row_plan.FormatSelector): with int4 for one row and the bfloat16 twin for
-verification, mtp diverged from plain decoding at the third token of the first prompt, as two
-kernels' roundings differ on near-ties.
+weight-only on torch's kernels (bfloat16 inside a float32 model), and dense bfloat16 throughout.
+Every forward runs in the model's one format (weight_formats.py): when a bfloat16 twin once
+served verification beside int4 for one row, mtp diverged from plain decoding at the third token
+of the first prompt, as two kernels' roundings differ on near-ties.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoint
 from tests.worker.speculation.test_lossless import (
     FAMILIES,
     MODES,
-    PREFILL_CHUNK,
     assert_same_tokens,
     decode,
     make_prompts,
@@ -28,20 +26,10 @@ from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
-from worker.models.row_plan import RowPlan
 
 NUM_PROMPTS = 6
 GREEDY = SamplingParams(max_tokens=48, ignore_eos=True)
-FORMATS = {  # name -> (dtype, quantize, prefill plan, decode format)
-    "int4": ("auto", "int4", RowPlan.single("int4"), "int4"),
-    "int8": ("auto", "int8", RowPlan.single("int8"), "int8"),
-    "bfloat16": ("bfloat16", "none", None, None),
-    # prefill chunks of 2+ rows in the bfloat16 twin, every forward with logits in int4
-    "int4, bfloat16 prefill": ("auto", "int4", RowPlan(((1, "int4"), (None, "bfloat16"))), "int4"),
-    # the reverse, as a tree worker whose verification width favours bfloat16 would run
-    "bfloat16, int4 prefill": ("auto", "int4", RowPlan(((8, "int4"), (None, "bfloat16"))), "bfloat16"),
-}
-assert PREFILL_CHUNK > 1
+FORMATS = {"int4": ("auto", "int4"), "int8": ("auto", "int8"), "bfloat16": ("bfloat16", "none")}  # (dtype, quantize)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,11 +40,8 @@ def _one_thread():
 
 @functools.cache
 def loaded(family: str, weight_format: str) -> LoadedModel:
-    dtype, quantize, plan, decode_format = FORMATS[weight_format]
-    model = load_model(speculation_checkpoints(family).target, dtype=dtype, quantize=quantize, row_plan=plan)
-    if plan is not None:
-        model.decoder.set_formats(plan, decode_format)
-    return model
+    dtype, quantize = FORMATS[weight_format]
+    return load_model(speculation_checkpoints(family).target, dtype=dtype, quantize=quantize, kernels="torch")
 
 
 @functools.cache

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from worker.models.decoder import ForwardOutput, LaneRows, Span, lane_logits, lane_spans
+from worker.models.decoder import ForwardOutput, LaneRows, Span, embedding, lane_logits, lane_spans
 from worker.models.hybrid.config import LINEAR_ATTENTION, HybridConfig
 from worker.models.hybrid.gated_attention import GatedAttention, partial_rotary
 from worker.models.hybrid.gated_deltanet import GatedDeltaNet, RecurrentLane
@@ -82,14 +82,12 @@ class HybridBody(nn.Module):
 
     def __init__(self, config: HybridConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(HybridLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class HybridDecoder(nn.Module):
-    selector = None  # one weight format (the exact path): nothing chooses formats per forward
-
     def __init__(self, config: HybridConfig):
         super().__init__()
         self.config = config
