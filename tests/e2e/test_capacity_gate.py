@@ -72,15 +72,32 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 def test_a_request_that_can_never_fit_is_a_400_naming_the_limit(served: Served) -> None:
     client = served.gateway.openai()
-    messages = [{"role": "user", "content": "Hello there"}]
+    too_long = [{"role": "user", "content": "Hello " * (served.max_context + 50)}]
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=served.max_context)
+        client.chat.completions.create(model=MODEL, messages=too_long, max_tokens=4)
     error = caught.value
     assert error.status_code == 400 and error.code == "context_length_exceeded"
     assert f"maximum context length is {served.max_context} tokens" in error.message
     assert "ARBOR_KV_CACHE_BYTES" in error.message and str(served.cache_bytes) in error.message
-    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
-    assert reply.usage is not None and reply.usage.completion_tokens >= 1  # one that fits is served
+
+
+def test_a_max_tokens_past_what_fits_is_lowered_to_the_room_left(served: Served) -> None:
+    client = served.gateway.openai()
+    http = served.gateway.http()
+
+    def prompt_tokens(words: int) -> int:
+        messages = [{"role": "user", "content": "Hello " * words}]
+        return int(http.post("/tokenize", json={"model": MODEL, "messages": messages}).json()["count"])
+
+    per_word = prompt_tokens(11) - prompt_tokens(10)
+    words = (served.max_context - 40 - prompt_tokens(0)) // per_word  # ~40 tokens of room left
+    near_full = [{"role": "user", "content": "Hello " * words}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=near_full, max_tokens=served.max_context, temperature=0
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens >= 1  # served, not refused
+    assert reply.usage.prompt_tokens > served.max_context - 60  # so max_tokens had to be lowered
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= served.max_context
 
 
 def test_health_and_models_publish_what_fits(served: Served) -> None:

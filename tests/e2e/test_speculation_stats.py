@@ -89,5 +89,10 @@ def test_metrics_split_the_draft_counters_by_source(stack: Stack) -> None:
 
 
 def _samples(exposition: str) -> dict[str, float]:
-    lines = (line.rsplit(" ", 1) for line in exposition.splitlines() if line and not line.startswith("#"))
-    return {name: float(value) for name, value in lines}
+    samples = {}
+    for line in exposition.splitlines():
+        if line and not line.startswith("#"):
+            name, space, value = line.rpartition(" ")
+            assert space, f"not a sample line: {line!r} in\n{exposition}"
+            samples[name] = float(value)
+    return samples
