@@ -3,12 +3,12 @@ turn by turn through `/v1/messages` and, translated, through `/v1/chat/completio
 speculation mode, on the real stack (embedded Redis, the gateway, one worker with its prefill
 cache on, as `arbor up` runs it).
 
-Order of a run: `repeats` rounds; in each, every mode in turn and, within a mode, both APIs in
-turn, the orders alternating round by round (messages chat | chat messages), so a drift in
-machine load falls on all alike. Before every replay the worker is restarted in its mode: every
-replay starts from an empty prefill cache, so its turn 1 is cold, and what its turns 2+ find in
-the cache is what its own earlier turns left (the other API's replay of the same prompts never
-warms it). One conversation at a time: the figures are a single agent's.
+Order of a run (`replay_order`): `repeats` rounds; in each, every mode in turn and, within a mode,
+both APIs in turn, the orders alternating, so a drift in machine load falls on all alike. Before
+every replay the worker is restarted in its mode: every replay starts from an empty prefill
+cache, so its turn 1 is cold, and what its turns 2+ find in the cache is what its own earlier
+turns left (the other API's replay of the same prompts never warms it). One conversation at a
+time: the figures are a single agent's.
 """
 
 from __future__ import annotations
@@ -107,22 +107,30 @@ def _run_stack(config: RecordedConfig, folder: Path, bar: tqdm) -> tuple[str, Re
         with stack:
             bar.set_postfix_str("starting Redis, the gateway and the worker")
             stack.start(1)
-            num_replays = 0  # the first finds the worker just started: its cache is empty
-            for round_index in range(config.repeats):
-                modes = config.modes if round_index % 2 == 0 else config.modes[::-1]
-                for mode_index, mode in enumerate(modes):
-                    for api in APIS if (round_index + mode_index) % 2 == 0 else APIS[::-1]:
-                        num_replays += 1
-                        if num_replays > 1 or stack.speculation != mode:
-                            bar.set_postfix_str(f"restarting the worker in {mode}: an empty prefill cache")
-                            stack.restart_workers(mode, log_suffix=f"-{num_replays}-{mode}")
-                        warm_up(stack.base_url, stack.model_name, config.temperature, config.run_timeout_s)
-                        bar.set_postfix_str(f"{mode}, {api}, round {round_index + 1}")
-                        replays[(mode, api)].append(_replay(stack.base_url, stack.model_name, config, api))
-                        bar.update()
+            for number, (round_index, mode, api) in enumerate(replay_order(config.modes, config.repeats), 1):
+                if number > 1 or stack.speculation != mode:  # the first finds the worker just started
+                    bar.set_postfix_str(f"restarting the worker in {mode}: an empty prefill cache")
+                    stack.restart_workers(mode, log_suffix=f"-{number}-{mode}")
+                warm_up(stack.base_url, stack.model_name, config.temperature, config.run_timeout_s)
+                bar.set_postfix_str(f"{mode}, {api}, round {round_index + 1}")
+                replays[(mode, api)].append(_replay(stack.base_url, stack.model_name, config, api))
+                bar.update()
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
     return stack.model_name, replays
+
+
+def replay_order(modes: list[str], repeats: int) -> list[tuple[int, str, str]]:
+    """(round, mode, api) of every replay: each round runs every mode, the modes' order reversed
+    round by round, and within a mode both APIs, which goes first alternating mode by mode, e.g.
+    none,auto: none messages, none chat, auto chat, auto messages | auto messages, auto chat,
+    none chat, none messages."""
+    order = []
+    for round_index in range(repeats):
+        for mode_index, mode in enumerate(modes if round_index % 2 == 0 else modes[::-1]):
+            pair_index = round_index * len(modes) + mode_index
+            order += [(round_index, mode, api) for api in (APIS if pair_index % 2 == 0 else APIS[::-1])]
+    return order
 
 
 def _replay(base_url: str, model_name: str, config: RecordedConfig, api: str) -> list[dict]:

@@ -13,6 +13,7 @@ import pytest
 from gateway.messages_api.request import MessagesRequest
 from gateway.messages_api.translate import to_chat_request
 from ops.bench.agent_recorded import TurnSettings, chat_conversation, load_recording
+from ops.bench.agent_recorded_run import replay_order
 from ops.cli import main
 from shared.openai_schema import Limits
 from tests.support.tiny_models import make_tiny_model
@@ -108,3 +109,14 @@ def test_chat_translation_of_tool_calls_results_and_thinking():
 def test_bench_agent_refuses_an_unknown_recording_in_one_line(tmp_path, capsys):
     assert main(["bench", "agent", "--recorded", "no-such-agent", "--out", str(tmp_path)]) == 2
     assert "--recorded='no-such-agent'" in capsys.readouterr().err
+
+
+def test_replay_order_alternates_which_api_and_mode_go_first():
+    order = replay_order(["none", "auto"], 2)
+    assert [(mode, api) for _, mode, api in order] == [
+        ("none", "messages"), ("none", "chat"), ("auto", "chat"), ("auto", "messages"),
+        ("auto", "messages"), ("auto", "chat"), ("none", "chat"), ("none", "messages"),
+    ]  # fmt: skip
+    assert [round_index for round_index, _, _ in order] == [0] * 4 + [1] * 4
+    alone = [api for _, _, api in replay_order(["none"], 2)]
+    assert alone == ["messages", "chat", "chat", "messages"]
