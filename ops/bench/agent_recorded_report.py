@@ -71,7 +71,7 @@ def recorded_markdown(report: dict) -> str:
     lines = [f"# arbor bench agent --recorded {settings['recording']} — {report['timestamp']}", ""]
     lines += [
         f"Model {settings['model']}, speculation {', '.join(f'`{m}`' for m in settings['speculation'])}, "
-        f"{settings['dtype']}, temperature {settings['temperature']}; the recording `{settings['source']}` "
+        f"dtype {settings['dtype']}, temperature {settings['temperature']}; the recording `{settings['source']}` "
         f"({settings['turns']} turns), each turn capped at {settings['max_tokens']} tokens (EOS ignored), "
         f"{settings['repeats']} replay(s) per API and mode; prefill cache {settings['prefill_cache']}; "
         f"machine: {machine['cpu'] or '?'}, {machine['cpu_count']} cores, load average "
