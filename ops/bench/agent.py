@@ -130,7 +130,7 @@ def _run_stack(config: AgentConfig, folder: Path, bar: tqdm) -> tuple[str, dict[
                         bar.set_postfix_str(f"restarting the worker in {mode}")
                         stack.restart_workers(mode)
                     fresh = False
-                    _warm_up(stack.base_url, stack.model_name, config)
+                    warm_up(stack.base_url, stack.model_name, config.temperature, config.run_timeout_s)
                     bar.set_postfix_str(f"{mode}, {streams} stream(s)")
                     runs[mode].append(_run(stack.base_url, stack.model_name, config, streams, bar.update))
     finally:
@@ -138,11 +138,11 @@ def _run_stack(config: AgentConfig, folder: Path, bar: tqdm) -> tuple[str, dict[
     return stack.model_name, runs
 
 
-def _warm_up(base_url: str, model_name: str, config: AgentConfig) -> None:
+def warm_up(base_url: str, model_name: str, temperature: float, timeout_s: float) -> None:
     """Short held-out prompts, not counted: the first requests through a fresh worker pay for set-up.
     They share no prefix with the workloads' conversations, so they leave no cache hits for them."""
-    bodies = [chat_body(model_name, HELD_OUT[i], WARMUP_TOKENS, config.temperature) for i in range(WARMUP_REQUESTS)]
-    asyncio.run(run_level(base_url, bodies, 1, config.run_timeout_s, config.run_timeout_s))
+    bodies = [chat_body(model_name, HELD_OUT[i], WARMUP_TOKENS, temperature) for i in range(WARMUP_REQUESTS)]
+    asyncio.run(run_level(base_url, bodies, 1, timeout_s, timeout_s))
 
 
 def _run(base_url: str, model_name: str, config: AgentConfig, streams: int, on_done: Callable[[], object]) -> dict:

@@ -187,9 +187,32 @@ def _add_agent_parser(commands) -> None:
     parser.add_argument("--draft", default=None, help="drafter checkpoint for mtp, dflash or tree")
     parser.add_argument("--worker-threads", type=int, default=None, help="torch threads of the worker")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the worker to load")
-    parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one (mode, streams) run may take")
+    parser.add_argument(
+        "--run-timeout", type=float, default=1800.0, help="seconds one (mode, streams) run or one replay may take"
+    )
+    _add_recorded_options(parser)
     _add_common(parser)
     parser.set_defaults(handler=_run_agent)
+
+
+def _add_recorded_options(parser) -> None:
+    from ops.bench.agent_recorded import RECORDINGS
+
+    group = parser.add_argument_group("a recorded conversation (ops/bench/agent_recorded.py)")
+    group.add_argument(
+        "--recorded",
+        default=None,
+        metavar="NAME|FOLDER",
+        help=f"replay a recorded agent conversation instead of the workloads: {', '.join(RECORDINGS)} (Claude Code's "
+        "4 turns, a ~4,200-token system prompt, 12 tools) or a folder of NN-messages.json records; each turn "
+        "through /v1/messages and the same turn translated to /v1/chat/completions, one conversation at a "
+        "time, the prefill cache emptied before every replay: TTFT of cold turn 1 against warm turns 2+, "
+        "cached and prompt tokens per turn, decode tokens/s (--streams, --workloads and the sizes do not apply)",
+    )
+    group.add_argument("--repeats", type=int, default=3, help="with --recorded: replays per API and mode")
+    group.add_argument(
+        "--max-tokens", type=int, default=128, help="with --recorded: tokens each turn decodes, EOS ignored"
+    )
 
 
 def _add_routing_options(parser) -> None:
@@ -346,6 +369,10 @@ def _run_serving(args: argparse.Namespace) -> int:
 
 
 def _run_agent(args: argparse.Namespace) -> int:
+    if args.recorded:
+        from ops.bench.agent_recorded_run import run_recorded_command
+
+        return run_recorded_command(_default_model_as_none(args))
     from ops.bench.agent import run_agent_command
 
     return run_agent_command(_default_model_as_none(args))
