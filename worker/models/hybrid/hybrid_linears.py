@@ -60,7 +60,9 @@ def build_quantized_hybrid_decoder(
         if meta.is_meta:  # everything not installed above: embedding, norms, conv, router, small linears
             tensor = _dense(name, tensors, quantized)
             if tuple(tensor.shape) != tuple(meta.shape):
-                raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, config expects {tuple(meta.shape)}")
+                raise CheckpointError(
+                    f"tensor {name} has shape {tuple(tensor.shape)}, config expects {tuple(meta.shape)}"
+                )
             state[name] = tensor.to(device=device, dtype=dtype)
     decoder.load_state_dict(state, assign=True, strict=False)
     if config.tie_word_embeddings and isinstance(decoder.lm_head, TopKRefinedHead):

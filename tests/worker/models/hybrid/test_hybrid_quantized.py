@@ -133,7 +133,12 @@ def test_greedy_run_through_the_runner_matches_transformers_over_dequantized_wei
     prompt = [5, 17, 42, 99, 7, 3, 11, 60, 2]
     with torch.no_grad():
         expected = oracle.generate(
-            torch.tensor([prompt]), max_new_tokens=48, min_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0
+            torch.tensor([prompt]),
+            max_new_tokens=48,
+            min_new_tokens=48,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )[0, len(prompt) :].tolist()
     runner = ModelRunner(ours.decoder, ours.checkpoint.eos_token_ids)
     sequence = runner.start("greedy", prompt, SamplingParams(max_tokens=48, ignore_eos=True))
@@ -159,7 +164,9 @@ def test_held_bytes_are_one_copy_of_each_format(quantized_pair):
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in dense}
     packed = sum(m.packed.untyped_storage().nbytes() for m in decoder.modules() if isinstance(m, NativeQuantizedLinear))
     source = head.head.source
-    kept = sum(t.untyped_storage().nbytes() for t in (source.q, source.scales, getattr(source, "mins", None)) if t is not None)
+    kept = sum(
+        t.untyped_storage().nbytes() for t in (source.q, source.scales, getattr(source, "mins", None)) if t is not None
+    )
     assert held_tensor_bytes(decoder) == sum(storages.values()) + packed + kept
     dense_weights = [p for p in decoder.parameters() if p.dim() == 2 and p.shape[0] != ours.config.vocab_size]
     # no layer matrix the rule quantizes is held dense too: the dense 2-D parameters are the router,
