@@ -19,7 +19,7 @@ from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.decoder import HybridDecoder
 from worker.models.hybrid.hybrid_linears import build_quantized_hybrid_decoder
 from worker.models.loaded_model import DTYPES, LoadedModel
-from worker.models.weight_formats import LinearFormats
+from worker.models.weight_formats import LinearFormats, linear_formats
 
 _T = TypeVar("_T")
 COMPOSITE_TEXT_PREFIX = "model.language_model."
@@ -39,6 +39,7 @@ def load_hybrid_model(
     if formats.is_exact_path:
         dense = {**tensors, **{key: weight.dequantize() for key, weight in quantized.items()}}
         activation = "float32" if dtype == "auto" else dtype
+        formats = linear_formats("none", activation, torch.device(device).type, None)  # what is built
         decoder = build_hybrid_decoder(config, dense, DTYPES[activation], device)
     else:
         activation = formats.activation_dtype
