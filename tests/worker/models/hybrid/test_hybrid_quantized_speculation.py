@@ -4,7 +4,8 @@ speculation mode gives plain decoding's greedy tokens in the same format, token 
 
 The oracle is `none` on the same decoder. The native linears compute each row on its own in a
 fixed order, so a verification's rows are the bits a one-row step gives; a mode that commits the
-wrong recurrent state, or a linear whose rows depended on their neighbours, fails here.
+wrong recurrent state, or a linear whose rows depended on their neighbours, fails here; so does
+a lane whose tokens in a batch (through the scheduler and stepper) differ from the request alone.
 Drafts are both accepted and rejected: the target is damped (test_hybrid_speculation.py says
 why), so lookup drafts, the model's own MTP head (on the kernels beside a native target) and a
 steered DFlash drafter (its layers in the target's format) are right some of the time.
@@ -25,6 +26,7 @@ from shared.sampling import SamplingParams
 from tests.support.steered_dflash import SteeredDFlash
 from tests.support.tiny_drafters import write_random_dflash
 from tests.support.tiny_hybrid_models import HYBRID_FAMILIES, make_tiny_hybrid_model_with_mtp
+from tests.worker.models.hybrid.test_hybrid_batched import MAX_LANES, run_batched
 from tests.worker.models.hybrid.test_hybrid_quantized import QUANTIZABLE_SHAPES
 from tests.worker.speculation.test_lossless import make_prompts
 from worker.drafters.dflash import DFlashDrafter
@@ -152,3 +154,19 @@ def test_tree_verification_gives_plain_greedy_tokens(family, weight_format):
     drafter = OracleDrafter(reference, depth=3, vocab_size=model.config.vocab_size, num_wrong_siblings=1)
     stats = check_lossless(family, weight_format, drafter, [prompt])
     assert stats.accepted_tokens == 3 * stats.drafts > 0
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram", "dflash"])
+@pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
+def test_a_batched_lane_emits_what_it_emits_alone_in_the_quantized_format(family, mode):
+    model = target(family, "int4")
+    drafter = dflash_drafter(family, "int4", mode) if mode == "dflash" else load_drafter(mode, model, DraftOptions())
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
+    prompts = make_prompts(model.config.vocab_size, 8, seed=7)
+    lanes = [
+        (f"lane-{i}", prompt, SamplingParams(max_tokens=8 + 3 * i, ignore_eos=True)) for i, prompt in enumerate(prompts)
+    ]
+    outputs, lanes_per_step, _ = run_batched(runner, lanes)
+    assert max(lanes_per_step) == MAX_LANES, "lanes did share steps"
+    for name, prompt, params in lanes:
+        assert outputs[name] == plain(family, "int4", tuple(prompt))[: params.max_tokens], name
