@@ -13,7 +13,6 @@ for every big linear of a served model, whatever module holds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,19 +87,13 @@ def quantizable(linear: nn.Linear) -> bool:
     return linear.in_features % INT4_GROUP_SIZE == 0
 
 
-def linears_in_format(
-    module: nn.Module,
-    formats: LinearFormats,
-    device: torch.device | str,
-    keep_dense: Callable[[str], bool] = lambda path: False,
-) -> nn.Module:
+def linears_in_format(module: nn.Module, formats: LinearFormats, device: torch.device | str) -> nn.Module:
     """`module` (loaded, dense: a drafter's layers) with every quantizable `nn.Linear` replaced by a
-    PlannedLinear in the body's format, made from its weight as it is now; `keep_dense(path)` keeps
-    a linear as it is (a router, a gate of one output)."""
+    PlannedLinear in the body's format, made from its weight as it is now (nothing, on the exact path)."""
     if formats.body not in QUANTIZED_FORMATS:
         return module
     for path, child in list(module.named_modules()):
-        if isinstance(child, nn.Linear) and quantizable(child) and not keep_dense(path):
+        if isinstance(child, nn.Linear) and quantizable(child):
             bias = None if child.bias is None else child.bias.detach()
             source = LinearSource(child.weight.detach().float(), bias)
             parent, _, name = path.rpartition(".")

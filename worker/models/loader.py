@@ -71,7 +71,6 @@ def load_model(
     if is_hybrid(checkpoint.config):  # Qwen3.5 / Qwen3-Next: worker/models/hybrid/
         from worker.models.hybrid.loader import load_hybrid_model
 
-        logger.info("weight format: %s", formats.describe())
         return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), formats, dtype_name, device)
     config = ModelConfig.from_hf(checkpoint.config)
     if formats.is_exact_path:

@@ -32,7 +32,6 @@ from worker.models.weight_formats import LinearFormats
 
 # Kept dense whatever the format: a gate of one output per token, read beside the router.
 DENSE_LINEARS = ("shared_expert_gate",)
-EMBEDDING = "model.embed_tokens.weight"
 
 
 def build_quantized_hybrid_decoder(

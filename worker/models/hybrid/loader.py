@@ -10,6 +10,7 @@ weights in the activation dtype; int4/int8 put the big linears on the kernels (h
 
 from __future__ import annotations
 
+import logging
 from typing import TypeVar
 
 import torch
@@ -21,6 +22,7 @@ from worker.models.hybrid.hybrid_linears import build_quantized_hybrid_decoder
 from worker.models.loaded_model import DTYPES, LoadedModel
 from worker.models.weight_formats import LinearFormats, linear_formats
 
+logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 COMPOSITE_TEXT_PREFIX = "model.language_model."
 VISION_PREFIXES = ("model.visual.", "visual.")
@@ -44,6 +46,7 @@ def load_hybrid_model(
     else:
         activation = formats.activation_dtype
         decoder = build_quantized_hybrid_decoder(config, tensors, quantized, formats, DTYPES[activation], device)
+    logger.info("weight format: %s", formats.describe())
     extras = {key: tensor for key, tensor in tensors.items() if key not in owned}
     checkpoint.tensors, checkpoint.quantized = {}, {}
     return LoadedModel(name=name, decoder=decoder, checkpoint=checkpoint, extra_tensors=extras, formats=formats)  # type: ignore[arg-type]
