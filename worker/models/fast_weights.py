@@ -5,6 +5,10 @@ holding the one format weight_formats.py's rule chose, made from the checkpoint'
 is: a GGUF Q4 tensor becomes int4 without a float detour, a float tensor is quantized here. The
 exact path (dense in the activation dtype) never comes here: the loader keeps the plain
 `Linear`s for it, unfused.
+
+The same rule serves the hybrid decoder (hybrid/hybrid_linears.py: its linears one by one, through
+`planned_linear` and `head_in_format`) and the drafters' layers (`linears_in_format`): one format
+for every big linear of a served model, whatever module holds it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch import nn
 from worker.kernels.native_lib import load_kernels
 from worker.kernels.native_linear import NativeQuantizedLinear
 from worker.kernels.quantized_weight import (
+    INT4_GROUP_SIZE,
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
@@ -30,7 +35,7 @@ from worker.models.linear import Linear
 from worker.models.planned_linear import PlannedLinear
 from worker.models.quantized_linear import QuantizedLinear
 from worker.models.refined_head import TopKRefinedHead
-from worker.models.weight_formats import LinearFormats, WeightFormat
+from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats, WeightFormat
 
 SourceWeight = torch.Tensor | QuantizedWeight  # [out, in] dense, or as the file quantized it
 DENSE_DTYPES = {
@@ -64,10 +69,36 @@ def build_fast_linears(
             _fuse_mlp(layer.mlp, sources, f"{prefix}.mlp", formats, device)
         else:
             _install_apart(layer, sources, prefix, formats, device)
-    head = planned_linear(sources["lm_head"], formats.head, formats, device)
-    if formats.head in ("int4", "int8"):  # a drafter's subset selects its rows
-        head.source = _in_format(sources["lm_head"].weight, formats.head)  # type: ignore[assignment]
-    decoder.lm_head = _refined(head, sources["lm_head"], formats, device) if formats.refine_head else head
+    decoder.lm_head = head_in_format(sources["lm_head"], formats, device)
+
+
+def head_in_format(source: LinearSource, formats: LinearFormats, device: torch.device | str) -> nn.Module:
+    """The lm_head in `formats.head`; a quantized one keeps its unpacked weight (a drafter's subset
+    selects its rows) and is refined from the exact weight where the rule says so."""
+    head = planned_linear(source, formats.head, formats, device)
+    if formats.head in QUANTIZED_FORMATS:
+        head.source = _in_format(source.weight, formats.head)  # type: ignore[assignment]
+    return _refined(head, source, formats, device) if formats.refine_head else head
+
+
+def quantizable(linear: nn.Linear) -> bool:
+    """int4 and int8 hold blocks of 32 along the input: a linear whose input is not a multiple of
+    32 wide stays dense in the activation dtype (its product is small: a few heads' values)."""
+    return linear.in_features % INT4_GROUP_SIZE == 0
+
+
+def linears_in_format(module: nn.Module, formats: LinearFormats, device: torch.device | str) -> nn.Module:
+    """`module` (loaded, dense: a drafter's layers) with every quantizable `nn.Linear` replaced by a
+    PlannedLinear in the body's format, made from its weight as it is now (nothing, on the exact path)."""
+    if formats.body not in QUANTIZED_FORMATS:
+        return module
+    for path, child in list(module.named_modules()):
+        if isinstance(child, nn.Linear) and quantizable(child):
+            bias = None if child.bias is None else child.bias.detach()
+            source = LinearSource(child.weight.detach().float(), bias)
+            parent, _, name = path.rpartition(".")
+            setattr(module.get_submodule(parent), name, planned_linear(source, formats.body, formats, device))
+    return module
 
 
 def _refined(
@@ -145,7 +176,7 @@ def format_module(
     formats: LinearFormats,
     device: torch.device | str,
 ) -> nn.Module:
-    if weight_format in ("int4", "int8"):
+    if weight_format in QUANTIZED_FORMATS:
         assert not isinstance(weight, torch.Tensor), "quantize before packing"
         activation = DENSE_DTYPES[formats.activation_dtype]
         bias = None if bias is None else bias.to(activation)

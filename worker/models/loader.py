@@ -63,16 +63,16 @@ def load_model(
     """
     dtype_name = _dtype_name(dtype)
     checkpoint = read_checkpoint(path, cache_dir, keep_quantized=True)
-    if is_hybrid(checkpoint.config):  # Qwen3.5 / Qwen3-Next: worker/models/hybrid/
-        from worker.models.hybrid.loader import load_hybrid_model
-
-        return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), dtype_name, device, quantize)
-    config = ModelConfig.from_hf(checkpoint.config)
     device_type = torch.device(device).type
     choice = kernel_choice(kernels, kernel_isa) if device_type == "cpu" else None
     native_isa = choice.isa if choice is not None and choice.kernels == "native" else None
     activations = choice.activations if choice is not None else "int16"
     formats = linear_formats(quantize, dtype_name, device_type, checkpoint.quantization, native_isa, activations)
+    if is_hybrid(checkpoint.config):  # Qwen3.5 / Qwen3-Next: worker/models/hybrid/
+        from worker.models.hybrid.loader import load_hybrid_model
+
+        return load_hybrid_model(checkpoint, _model_name(path, checkpoint.source), formats, dtype_name, device)
+    config = ModelConfig.from_hf(checkpoint.config)
     if formats.is_exact_path:
         checkpoint = checkpoint.dequantized()
         decoder = build_decoder(config, checkpoint.tensors, DTYPES[formats.activation_dtype], device)

@@ -29,6 +29,8 @@ from worker.models.hybrid.moe import SparseMoe, SwiGLU
 from worker.models.hybrid.norms import ZeroCentredRMSNorm
 from worker.models.hybrid.state_pool import StatePool
 from worker.models.linear import Linear
+from worker.models.planned_linear import PlannedLinear
+from worker.models.refined_head import TopKRefinedHead
 from worker.models.rope import RotaryEmbedding
 
 # The most new tokens a forward may commit in part (a verification: root + draft nodes). Keeping
@@ -92,7 +94,7 @@ class HybridDecoder(nn.Module):
         super().__init__()
         self.config = config
         self.model = HybridBody(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # layer index -> its slot among the attention layers (K/V) or the linear ones (recurrent state)
@@ -110,7 +112,12 @@ class HybridDecoder(nn.Module):
         return self.model.embed_tokens.weight.device
 
     def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
+        """lm_head's weight [vocab, hidden] as a dense tensor (for a drafter's vocabulary subset)."""
+        head = self.lm_head
+        if isinstance(head, nn.Linear):
+            return head.weight
+        assert isinstance(head, PlannedLinear | TopKRefinedHead), type(head)
+        return head.dense_weight()
 
     def new_cache(self, max_tokens: int) -> HybridCache:
         return HybridCache(self.config, max_tokens, self.dtype, self.device)

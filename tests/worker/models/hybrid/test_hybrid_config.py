@@ -78,7 +78,9 @@ def test_what_the_decoder_does_not_implement_is_refused(override, message):
         HybridConfig.from_hf(raw | dict(num_attention_heads=2) | override)
 
 
-def test_hybrids_load_dense_in_float32_by_default_and_refuse_quantization(text_model):
+def test_hybrids_load_dense_in_float32_by_default_and_refuse_an_unknown_format(text_model):
+    """Quantized formats are served (test_hybrid_quantized.py); a name outside the rule's is refused."""
     assert load_model(text_model, dtype="auto", quantize="none").decoder.dtype == torch.float32
-    with pytest.raises(CheckpointError, match="quantize='int4': hybrid models are served unquantized"):
-        load_model(text_model, quantize="int4")
+    assert load_model(text_model).formats.is_exact_path  # a float checkpoint under `auto`
+    with pytest.raises(ValueError, match="quantize='int3'"):
+        load_model(text_model, quantize="int3")
