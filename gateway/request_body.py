@@ -8,7 +8,8 @@ With `ARBOR_STRICT_REQUEST_FIELDS=true` it is a 400 naming it instead (`shared.r
 Field names come from clients, so the labels are bounded: a client sending a new made-up name
 with every request must not grow the registry without end. Past `MAX_FIELD_LABELS` distinct
 (route, field) pairs, new ones are counted as `field="(other)"`; a name is cut to
-`MAX_FIELD_CHARS`.
+`MAX_FIELD_CHARS`, and a character that is not printable (a control character, a line or
+paragraph separator) is written as `?`, so that every sample stays one line for any reader.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class BodyParser:
             log.info("%s: ignoring unknown field %s (first seen as %s)", route, label, field.path[:200])
 
     def _label(self, route: str, field: UnknownField) -> str:
-        label = field.label[:MAX_FIELD_CHARS]
+        label = "".join(char if char.isprintable() else "?" for char in field.label[:MAX_FIELD_CHARS])
         if (route, label) in self._logged or len(self._logged) < MAX_FIELD_LABELS:
             return label
         return OTHER_FIELDS

@@ -90,7 +90,7 @@ def test_metrics_split_the_draft_counters_by_source(stack: Stack) -> None:
 
 def _samples(exposition: str) -> dict[str, float]:
     samples = {}
-    for line in exposition.splitlines():
+    for line in exposition.split("\n"):  # the exposition's own line break, not str.splitlines()
         if line and not line.startswith("#"):
             name, space, value = line.rpartition(" ")
             assert space, f"not a sample line: {line!r} in\n{exposition}"

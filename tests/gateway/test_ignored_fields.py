@@ -157,3 +157,13 @@ def test_made_up_field_names_cannot_grow_the_metrics_without_end(make_gateway, m
 
     assert len(ignored) == MAX_FIELD_LABELS + 1
     assert _sample("\n".join(ignored), IGNORED, field=OTHER_FIELDS, route="/tokenize") == 1  # one request past it
+
+
+def test_a_field_name_with_line_breaks_is_one_metrics_line(gateway: GatewayServer, make_peer) -> None:
+    make_peer(script=_answering)
+    http = gateway.http()
+    odd = "odd\u2028name\x1c\x85\nend"  # separators str.splitlines() breaks on; Prometheus escapes \n only
+    assert http.post("/tokenize", json={"prompt": "hi", odd: 1}).status_code == 200
+    lines = http.get("/metrics").text.splitlines()
+    assert _sample("\n".join(lines), IGNORED, field="odd?name???end", route="/tokenize") == 1
+    assert all(line.startswith("#") or " " in line for line in lines if line)
