@@ -1,0 +1,82 @@
+"""An EAGLE-3-style MTP head (fused low/middle/high target layers) loads in `mtp` and `auto` and is
+lossless: greedy and seeded sampling emit plain decoding's very tokens, on tiny random targets in
+float64 with a random fused head. The drafter asks the target for exactly the layers it fuses,
+and a head that names a layer the target lacks is refused."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from shared.sampling import SamplingParams
+from tests.support.tiny_drafters import one_torch_thread, write_random_eagle3
+from tests.support.tiny_models import make_tiny_model
+from tests.worker.speculation.test_lossless import assert_same_tokens, decode, make_prompts
+from worker.drafters.mtp import MtpDrafter
+from worker.drafters.picker import SourcePicker
+from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import DrafterError
+from worker.engine.runner import ModelRunner
+from worker.engine.stats import SpecStats
+from worker.models.loader import LoadedModel, load_model
+
+TARGET_LAYERS = (0, 2, 3)  # low, middle, high of a 4-layer target
+GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, top_p=0.9, seed=11)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@functools.cache
+def folders(family: str) -> tuple[Path, Path]:
+    root = Path(tempfile.mkdtemp(prefix=f"arbor-eagle3-{family}-"))
+    target = make_tiny_model(root / "target", family, num_hidden_layers=4)
+    return target, write_random_eagle3(root / "eagle3", target, TARGET_LAYERS)
+
+
+@functools.cache
+def loaded(family: str) -> LoadedModel:
+    return load_model(folders(family)[0], dtype="float64")
+
+
+def outputs(family: str, mode: str, params: SamplingParams) -> tuple[list[list[int]], SpecStats]:
+    model = loaded(family)
+    drafter = load_drafter(mode, model, DraftOptions(draft=folders(family)[1]))
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
+    stats = SpecStats()
+    prompts = make_prompts(model.config.vocab_size, 6, seed=4)
+    return [decode(runner, prompt, params, stats) for prompt in prompts], stats
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("mode", ["mtp", "auto"])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_fused_layer_head_is_lossless(family, mode, params):
+    expected, _ = outputs(family, "none", params)
+    got, stats = outputs(family, mode, params)
+    assert_same_tokens(expected, got, mode)
+    assert stats.draft_tokens > 0, "nothing was drafted: the test would prove nothing"
+
+
+@pytest.mark.parametrize("mode", ["mtp", "auto"])
+def test_the_drafter_reads_the_layers_it_fuses(mode):
+    drafter = load_drafter(mode, loaded("qwen3"), DraftOptions(draft=folders("qwen3")[1]))
+    assert drafter is not None
+    head = drafter.model if isinstance(drafter, SourcePicker) else drafter
+    assert isinstance(head, MtpDrafter) and head.hidden_source == "fused_layers"
+    assert drafter.hidden_layers == TARGET_LAYERS
+    assert not drafter.wants_final_hidden
+
+
+def test_a_head_naming_a_layer_the_target_lacks_is_refused(tmp_path):
+    target, _ = folders("qwen3")
+    folder = write_random_eagle3(tmp_path / "bad", target, (0, 2, 4))
+    with pytest.raises(DrafterError, match="mtp_target_layers"):
+        load_drafter("mtp", loaded("qwen3"), DraftOptions(draft=folder))
