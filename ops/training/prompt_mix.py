@@ -74,12 +74,14 @@ TOOLS = [
     ("read_file", "Read a file from the workspace", {"path": "string"}),
     ("run_command", "Run a shell command in the workspace", {"command": "string", "timeout_s": "integer"}),
     ("lookup_order", "Look up an order by its id", {"order_id": "string"}),
-    ("convert_currency", "Convert an amount between currencies", {"amount": "number", "from": "string", "to": "string"}),
+    ("convert_currency", "Convert an amount between currencies",
+     {"amount": "number", "from": "string", "to": "string"}),
 ]  # fmt: skip
 TOOL_REQUESTS = {
     "get_weather": ["What's the weather in {place} right now?", "Do I need an umbrella in {place} today?"],
     "search_web": ["Find recent articles about {topic}.", "Search for a beginner tutorial on {topic}."],
-    "create_event": ["Schedule a meeting about {topic} next Tuesday for an hour.", "Add a reminder to read about {topic}."],
+    "create_event": ["Schedule a meeting about {topic} next Tuesday for an hour.",
+                     "Add a reminder to read about {topic}."],
     "send_email": ["Email my team a summary of {topic}.", "Send Alex a note about the {topic} workshop."],
     "read_file": ["Open notes/{slug}.md and summarize it.", "What does src/{slug}.py do?"],
     "run_command": ["Run the tests for the {slug} module.", "List the files in the {slug} folder."],
@@ -177,7 +179,7 @@ def _tool_requests() -> list[Conversation]:
     schemas = [tool_schema(*tool) for tool in TOOLS]
     items: list[Conversation] = []
     for _ in range(12):  # twelve fillings of every request, each with its tool and two others offered
-        for index, (name, requests) in enumerate(TOOL_REQUESTS.items()):
+        for index, requests in enumerate(TOOL_REQUESTS.values()):
             for request in requests:
                 offered = (schemas[index], *rng.sample(schemas[:index] + schemas[index + 1 :], 2))
                 items.append(([_tools_system(offered), *_user(_fill(request, rng))], offered))
@@ -222,7 +224,7 @@ DOC_REQUESTS = [
 
 
 def _docs(folder: Path) -> list[Conversation]:
-    items = []
+    items: list[Conversation] = []
     for index, (name, doc) in enumerate(stdlib_docstrings(folder)):
         template = DOC_REQUESTS[index % len(DOC_REQUESTS)]
         items.append((_user(template.format(name=name, doc=doc)), None))
@@ -241,6 +243,6 @@ def stdlib_docstrings(folder: Path) -> list[tuple[str, str]]:
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 continue
             doc = ast.get_docstring(node)
-            if doc and MIN_DOC_CHARS <= len(doc) and not node.name.startswith("_"):
+            if doc and len(doc) >= MIN_DOC_CHARS and not node.name.startswith("_"):
                 found.append((f"{path.stem}.{node.name}", doc[:MAX_DOC_CHARS]))
     return found

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ops.training.export import save_drafter
+from ops.training.held_out import held_out_acceptance
+
 if TYPE_CHECKING:
     from ops.training.train_eagle3 import Eagle3Trainer
 
@@ -100,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
         data = _captured(served, args, out, trainer.target_layers)
-    trainer.setup(data["train"] if args.kind == "eagle3" else data)
+    trainer.setup(data)
     state = _resume(out / "checkpoint.pt", trainer.model, trainer.optimizer)
     progress = tqdm(total=args.updates, initial=state["update"], desc=f"training {args.kind}", unit="update")
     while state["update"] < args.updates:
@@ -297,24 +300,8 @@ class DFlashTrainer:
         )
 
 
-def save_drafter(folder: Path, tensors: dict, config: dict, draft_vocab) -> None:
-    """config.json, model.safetensors (bf16) and draft_vocab.json: the tokens the drafter was trained to propose."""
-    import torch
-    from safetensors.torch import save_file
-
-    from worker.drafters.draft_vocab import write_draft_vocabulary
-
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {name: t.detach().to(torch.bfloat16).contiguous() for name, t in tensors.items()},
-        str(folder / "model.safetensors"),
-    )
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    write_draft_vocabulary(folder, draft_vocab)
-
-
 def training_device(chosen: str, kind: str) -> str:
-    """"auto": cuda when torch sees one. The eagle3 trainer runs on either; mtp and dflash train on
+    """ "auto": cuda when torch sees one. The eagle3 trainer runs on either; mtp and dflash train on
     captured states kept in CPU memory, so they stay on the CPU."""
     import torch
 
@@ -351,7 +338,7 @@ def generate_engine_data(args: argparse.Namespace) -> None:
     def report(stats) -> None:
         print(
             f"shard {stats.skipped_shards + stats.written_shards}: {stats.generated_tokens} tokens generated "
-            f"in {stats.elapsed_s:.0f} s ({stats.tokens_per_s:.1f} tokens/s)",
+            f"in {stats.elapsed_s:.0f} s ({stats.tokens_per_s:.1f} tokens/s; {stats.cpu_s:.0f} s of CPU)",
             flush=True,
         )
 
@@ -359,7 +346,8 @@ def generate_engine_data(args: argparse.Namespace) -> None:
     stats = generate_shards(served, prompts, folder, args.max_new_tokens, max_lanes=args.lanes, progress=report)
     print(
         f"{folder}: {len(stats.generated_keys)} answers this run ({stats.prompt_tokens} prompt + "
-        f"{stats.generated_tokens} generated tokens in {stats.elapsed_s:.0f} s, {stats.tokens_per_s:.1f} tokens/s); "
+        f"{stats.generated_tokens} generated tokens in {stats.elapsed_s:.0f} s, {stats.tokens_per_s:.1f} tokens/s, "
+        f"{stats.cpu_s:.0f} s of CPU); "
         f"{stats.skipped_shards} shards were already done"
     )
 
@@ -409,20 +397,3 @@ def _resume(path: Path, model, optimizer) -> dict:
     model.load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     return saved
-
-
-def held_out_acceptance(served, drafter, max_tokens: int = 64) -> float:
-    """Tokens per target forward of greedy drafting on held-out prompts (never trained on)."""
-    from ops.training.prompts import held_out_conversations
-    from shared.sampling import SamplingParams
-    from worker.engine.generate import generate
-    from worker.engine.runner import ModelRunner
-
-    decoder = served.loaded.decoder
-    runner = ModelRunner(decoder, served.loaded.checkpoint.eos_token_ids, drafter)
-    generated = forwards = 0
-    for messages in held_out_conversations()[:6]:
-        result = generate(runner, served.tokenizer, served.encode_chat(messages), SamplingParams(max_tokens=max_tokens))
-        generated += result.stats.generated_tokens
-        forwards += result.stats.target_forwards
-    return generated / forwards

@@ -76,8 +76,9 @@ class Eagle3Trainer:
         self.config.target_layers = self.target_layers = default_target_layers(num_layers)
         served.loaded.decoder.to(self.device)
 
-    def setup(self, sequences) -> None:
-        """`sequences`: ShardSequence-like (token_ids, prompt_length)."""
+    def setup(self, data: dict) -> None:
+        """data["train"]: ShardSequence-like (token_ids, prompt_length), token ids only."""
+        sequences = data["train"]
         self.target_layers = self.config.target_layers
         self.train_data = token_windows([s.token_ids for s in sequences], self.config.max_len)
         self.vocab = answer_vocabulary(sequences, self.served.loaded.config.vocab_size).to(self.device)
@@ -119,12 +120,12 @@ class Eagle3Trainer:
         )
 
     def held_out_acceptance(self) -> float:
-        from ops.training.train_drafter import held_out_acceptance
+        from ops.training.held_out import held_out_acceptance
 
         return held_out_acceptance(self.served, self.drafter())
 
     def export(self, folder: Path) -> None:
-        from ops.training.train_drafter import save_drafter
+        from ops.training.export import save_drafter
         from worker.drafters.mtp import TARGET_LAYERS_KEY
 
         config = self.served.loaded.checkpoint.config

@@ -181,7 +181,7 @@ def make_optimizer(head: MtpHead, config: MtpTrainConfig) -> torch.optim.Optimiz
 def train_updates(
     head: MtpHead,
     served,
-    data: list[CapturedSequence],
+    data: list,  # CapturedSequence, or what prepare_batch turns into them
     vocab: torch.Tensor,
     optimizer: torch.optim.Optimizer,
     config: MtpTrainConfig,

@@ -54,7 +54,9 @@ def served():
 def shard_sequences(count: int, length: int, seed: int = 0) -> list[ShardSequence]:
     rng = random.Random(seed)
     vocab = 300  # the tiny tokenizer's
-    return [ShardSequence(f"s/{i}", [rng.randrange(3, vocab) for _ in range(length)], length // 3) for i in range(count)]
+    return [
+        ShardSequence(f"s/{i}", [rng.randrange(3, vocab) for _ in range(length)], length // 3) for i in range(count)
+    ]
 
 
 def test_the_default_layers_are_low_middle_and_high():
@@ -77,7 +79,7 @@ def test_the_fused_chain_equals_the_drafters_own_proposals():
     model = served()
     trainer = Eagle3Trainer(model)
     trainer.config.target_layers = (0, 2, 5)
-    trainer.setup(shard_sequences(2, 20))
+    trainer.setup({"train": shard_sequences(2, 20)})
     perturbed(trainer.model)
     drafter = trainer.drafter()
     prompt = shard_sequences(1, 12, seed=7)[0].token_ids
@@ -108,7 +110,7 @@ def test_a_few_updates_lower_the_loss_and_the_export_loads(device, tmp_path):
     trainer.config.target_layers = (1, 3, 5)
     trainer.config.sequences_per_update = 4
     trainer.config.lr = 3e-3
-    trainer.setup(shard_sequences(4, 48, seed=3) * 2)
+    trainer.setup({"train": shard_sequences(4, 48, seed=3) * 2})
     assert next(trainer.model.parameters()).device.type == device
     losses = trainer.train(0, 30, 30, Progress())
     assert sum(losses[-5:]) / 5 < 0.95 * sum(losses[:5]) / 5, losses

@@ -228,7 +228,9 @@ class MtpDrafter:
             committed.token_ids, committed.start, [committed], committed.next_token, lambda rows: rows[0].clone()
         )
 
-    def _states(self, token_ids: list[int], start: int, parts: list[TargetStates], next_token: int, join) -> TargetStates:
+    def _states(
+        self, token_ids: list[int], start: int, parts: list[TargetStates], next_token: int, join
+    ) -> TargetStates:
         """TargetStates with the rows this drafter reads from `parts`, each field's rows `join`ed."""
         layers = {layer: join([part.hidden[layer] for part in parts]) for layer in self.hidden_layers}
         final = join([part.final_hidden for part in parts]) if self.wants_final_hidden else None
@@ -322,7 +324,9 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
     with torch.device("meta"):
         head = HybridMtpHead(config) if isinstance(config, HybridConfig) else MtpHead(config, len(target_layers))
         if target_layers and isinstance(head, HybridMtpHead):
-            head.add_module("target_fc", nn.Linear(len(target_layers) * config.hidden_size, config.hidden_size, bias=False))
+            head.add_module(
+                "target_fc", nn.Linear(len(target_layers) * config.hidden_size, config.hidden_size, bias=False)
+            )
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
     native = native_linear_of(decoder.lm_head)
