@@ -66,7 +66,7 @@ bench: setup
 # The self-distilled drafter data (docs/DRAFTERS.md): the default model's answers to the whole prompt
 # mix through the batched engine, resumable (a re-run generates only the shards not on disk).
 drafter-data: setup
-	$(BIN)/arbor train-drafter --kind eagle3 --data engine --generate-only --max-new-tokens 256 --threads 1 $(ARGS)
+	$(BIN)/arbor train-drafter --kind eagle3 --data engine --generate-only --max-new-tokens 320 --threads 1 $(ARGS)
 
 # Debian tools the tests call: docker-compose (validates compose.yaml), promtool, and for the native
 # kernels (tests/worker/kernels) clang beside gcc, an aarch64 cross compiler and qemu-user (the NEON path).

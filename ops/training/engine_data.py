@@ -66,7 +66,7 @@ def generate_shards(
     folder.mkdir(parents=True, exist_ok=True)
     _check_manifest(folder, {"shard_size": shard_size, "max_new_tokens": max_new_tokens})
     shards = [prompts[start : start + shard_size] for start in range(0, len(prompts), shard_size)]
-    todo = [index for index in range(len(shards)) if not shard_path(folder, index).exists()]
+    todo = [index for index, shard in enumerate(shards) if not _done(folder, index, shard)]
     stats = EngineRunStats(skipped_shards=len(shards) - len(todo))
     started, cpu_started = time.perf_counter(), time.process_time()
     engine = _Engine(served, max_new_tokens, max_lanes, max_batch_tokens)
@@ -91,6 +91,18 @@ def generate_shards(
                 progress(stats)
     stats.elapsed_s, stats.cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     return stats
+
+
+def _done(folder: Path, index: int, shard: list[MixPrompt]) -> bool:
+    """The shard is on disk, holding these very prompts (another mix in the folder would mix data sets)."""
+    path = shard_path(folder, index)
+    if not path.exists():
+        return False
+    with np.load(path) as saved:
+        keys = saved["keys"].tolist()
+    if keys != [prompt.key for prompt in shard]:
+        raise ValueError(f"{path} holds other prompts than this mix's shard {index}: use another folder")
+    return True
 
 
 def _check_manifest(folder: Path, settings: dict) -> None:

@@ -10,16 +10,19 @@ multi-turn agent traffic, built on this machine from licensed offline sources on
     docs     "explain / use / test this" over the docstrings of functions and classes in Python's
              standard library (PSF license), read with `ast` from the local installation, never
              imported; module docstrings are left out (ops/eval/tasks.py evaluates on those)
+    pipdocs  the same over installed pip packages' own docstrings (PIP_DOC_PACKAGES: BSD, MIT and
+             Apache licensed); another version of Python or of a package gives other prompts
 
-Every prompt has a stable key (`source/index`); one in two is also answered sampled (T=0.7, a seed
-from its key), so greedy and sampled answers both appear. The order is a seeded shuffle of all of
-them, so any prefix of the mix is itself a mix. The held-out prompts (prompts.HELD_OUT) never appear.
-Torch-free.
+Every prompt has a stable key (`source/index`) and a greedy answer; every chat, tools and agent
+prompt and one in two of the others is also answered sampled (T=0.7, a seed from its key). The
+order is a seeded shuffle of all of them, so any prefix of the mix is itself a mix. The held-out
+prompts (prompts.HELD_OUT) never appear. Torch-free.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import itertools
 import json
 import random
@@ -33,6 +36,9 @@ from ops.training.prompts import CODE_TASKS, HELD_OUT, QUESTION_TEMPLATES, TOPIC
 SAMPLED_TEMPERATURE = 0.7
 MAX_DOC_CHARS = 1200  # keeps a docs prompt well inside the context, next to its answer
 MIN_DOC_CHARS = 120
+MAX_PIP_DOCS = 1600  # of ~3,600 documented names: docs stay a minority of the mix
+SAMPLED_EVERY = {"chat": 1, "tools": 1, "agent": 1, "code": 2, "docs": 2, "pipdocs": 2}  # a sampled answer too
+PIP_DOC_PACKAGES = ("jinja2", "click", "httpx", "starlette", "pydantic", "redis", "anyio", "packaging", "jsonschema")
 
 MORE_TOPICS = [
     "quantum computing", "the Great Wall of China", "rainforests", "the Olympic Games", "glaciers",
@@ -112,7 +118,8 @@ def prompt_mix(seed: int = 0, stdlib: Path | None = None) -> list[MixPrompt]:
         "code": _code(),
         "tools": _tool_requests(),
         "agent": _agent_sessions(),
-        "docs": _docs(stdlib or Path(sysconfig.get_paths()["stdlib"])),
+        "docs": _docs(sorted((stdlib or Path(sysconfig.get_paths()["stdlib"])).glob("*.py"))),
+        "pipdocs": _docs(pip_package_sources())[::2][:MAX_PIP_DOCS],  # every other: all packages appear
     }
     held_out = set(HELD_OUT)
     prompts = []
@@ -122,7 +129,7 @@ def prompt_mix(seed: int = 0, stdlib: Path | None = None) -> list[MixPrompt]:
                 continue
             key = f"{source}/{index}"
             prompts.append(MixPrompt(f"{key}/greedy", tuple(messages), tools, 0.0, 0))
-            if index % 2 == 0:
+            if index % SAMPLED_EVERY[source] == 0:
                 seed_of_key = zlib.crc32(key.encode())
                 prompts.append(MixPrompt(f"{key}/t0.7", tuple(messages), tools, SAMPLED_TEMPERATURE, seed_of_key))
     random.Random(seed).shuffle(prompts)
@@ -223,18 +230,28 @@ DOC_REQUESTS = [
 ]
 
 
-def _docs(folder: Path) -> list[Conversation]:
+def pip_package_sources() -> list[Path]:
+    """The .py files of the installed PIP_DOC_PACKAGES (found, not imported)."""
+    paths: list[Path] = []
+    for name in PIP_DOC_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            paths += sorted(Path(folder).rglob("*.py"))
+    return paths
+
+
+def _docs(paths: list[Path]) -> list[Conversation]:
     items: list[Conversation] = []
-    for index, (name, doc) in enumerate(stdlib_docstrings(folder)):
+    for index, (name, doc) in enumerate(docstrings(paths)):
         template = DOC_REQUESTS[index % len(DOC_REQUESTS)]
         items.append((_user(template.format(name=name, doc=doc)), None))
     return items
 
 
-def stdlib_docstrings(folder: Path) -> list[tuple[str, str]]:
-    """(qualified name, docstring) of the documented functions and classes in `folder`'s modules."""
+def docstrings(paths: list[Path]) -> list[tuple[str, str]]:
+    """(qualified name, docstring) of the documented public functions and classes in `paths`."""
     found = []
-    for path in sorted(folder.glob("*.py")):
+    for path in paths:
         try:
             tree = ast.parse(path.read_text(errors="ignore"))
         except (SyntaxError, ValueError):

@@ -89,17 +89,19 @@ def test_a_killed_run_resumes_without_answering_a_prompt_twice(tmp_path):
     assert third.generated_keys == [] and third.written_shards == 0
 
 
-def test_shards_made_with_other_settings_are_refused(tmp_path):
+def test_shards_made_with_other_settings_or_another_mix_are_refused(tmp_path):
     generate_shards(served(), prompts(4), tmp_path, MAX_NEW_TOKENS, SHARD_SIZE, max_lanes=2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate_shards(served(), prompts(4), tmp_path, MAX_NEW_TOKENS + 1, SHARD_SIZE, max_lanes=2)
+    with pytest.raises(ValueError, match="other prompts"):
+        generate_shards(served(), prompts(5)[1:], tmp_path, MAX_NEW_TOKENS, SHARD_SIZE, max_lanes=2)
 
 
 def test_the_mix_is_broad_keyed_once_and_leaves_the_held_out_prompts_out():
     mix = prompt_mix()
     keys = [p.key for p in mix]
     assert len(set(keys)) == len(keys)
-    assert {key.split("/")[0] for key in keys} == {"chat", "code", "tools", "agent", "docs"}
+    assert {key.split("/")[0] for key in keys} == {"chat", "code", "tools", "agent", "docs", "pipdocs"}
     assert not {m["content"] for p in mix for m in p.messages} & set(HELD_OUT)
     assert any(p.tools for p in mix) and any(p.temperature > 0 for p in mix)
     assert any(m["role"] == "tool" for p in mix for m in p.messages)
