@@ -74,7 +74,9 @@ class Eagle3Trainer:
         self.config = Eagle3TrainConfig()
         num_layers = served.loaded.decoder.config.num_hidden_layers
         self.config.target_layers = self.target_layers = default_target_layers(num_layers)
-        served.loaded.decoder.to(self.device)
+        decoder = served.loaded.decoder
+        decoder.to(self.device)
+        decoder.rotary = None  # its cos/sin tables are rebuilt on the device at the next forward
 
     def setup(self, data: dict) -> None:
         """data["train"]: ShardSequence-like (token_ids, prompt_length), token ids only."""

@@ -1,6 +1,7 @@
 """An EAGLE-3-style MTP head (fused low/middle/high target layers) loads in `mtp` and `auto` and is
 lossless: greedy and seeded sampling emit plain decoding's very tokens, on tiny random targets in
-float64 with a random fused head. The drafter asks the target for exactly the layers it fuses,
+float64 with a random fused head (a separate folder on Qwen3 and Llama; embedded in a hybrid
+Qwen3.5 / Qwen3-Next checkpoint). The drafter asks the target for exactly the layers it fuses,
 and a head that names a layer the target lacks is refused."""
 
 from __future__ import annotations
@@ -80,3 +81,43 @@ def test_a_head_naming_a_layer_the_target_lacks_is_refused(tmp_path):
     folder = write_random_eagle3(tmp_path / "bad", target, (0, 2, 4))
     with pytest.raises(DrafterError, match="mtp_target_layers"):
         load_drafter("mtp", loaded("qwen3"), DraftOptions(draft=folder))
+
+
+@functools.cache
+def hybrid_target(family: str) -> Path:
+    """A tiny hybrid target whose embedded MTP head is made EAGLE-3-style: mtp.target_fc in its
+    weights and mtp_target_layers in its config.json (an embedded head reads the target's config)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tests.support.tiny_hybrid_models import make_tiny_hybrid_model_with_mtp
+
+    folder = make_tiny_hybrid_model_with_mtp(Path(tempfile.mkdtemp(prefix="arbor-eagle3-hybrid-")) / family, family)
+    weights = folder / "model.safetensors"
+    tensors = load_file(str(weights))
+    hidden = tensors["mtp.norm.weight"].shape[0]
+    generator = torch.Generator().manual_seed(5)
+    tensors["mtp.target_fc.weight"] = 0.15 * torch.randn(hidden, len(TARGET_LAYERS) * hidden, generator=generator)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["mtp_target_layers"] = list(TARGET_LAYERS)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text"])
+def test_a_hybrid_targets_fused_layer_head_is_lossless(family):
+    model = load_model(hybrid_target(family), dtype="float64")
+    prompts = make_prompts(model.config.vocab_size, 4, seed=6)
+    results = {}
+    for mode in ("none", "mtp"):
+        drafter = load_drafter(mode, model, DraftOptions())
+        if mode == "mtp":
+            assert isinstance(drafter, MtpDrafter) and drafter.hidden_layers == TARGET_LAYERS
+        runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
+        stats = SpecStats()
+        results[mode] = ([decode(runner, prompt, GREEDY, stats) for prompt in prompts], stats)
+    assert_same_tokens(results["none"][0], results["mtp"][0], "mtp")
+    assert results["mtp"][1].draft_tokens > 0
