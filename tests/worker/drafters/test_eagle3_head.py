@@ -121,3 +121,26 @@ def test_a_hybrid_targets_fused_layer_head_is_lossless(family):
         results[mode] = ([decode(runner, prompt, GREEDY, stats) for prompt in prompts], stats)
     assert_same_tokens(results["none"][0], results["mtp"][0], "mtp")
     assert results["mtp"][1].draft_tokens > 0
+
+
+def test_a_prefill_cache_hit_gives_the_fused_head_a_cold_runs_context():
+    """The head's prefix snapshots hold its fused inputs: a warm lane drafts and emits what a cold one does."""
+    from tests.worker.test_model_stepper import assert_same_drafter_context, chat, finish, prefill
+    from worker.serving.model_stepper import ModelStepper
+    from worker.serving.prefix_cache import PrefixCache
+    from worker.serving_model import load_serving_model
+
+    target, head = folders("qwen3")
+    model = load_serving_model(target, "mtp", DraftOptions(draft=head))
+    first, second = chat(model, "What is one plus one?"), chat(model, "Tell me about foxes, please.")
+    params = SamplingParams(max_tokens=24)
+    cold_stepper = ModelStepper(model.runner, None)
+    cold = prefill(cold_stepper, second, params)
+    stepper = ModelStepper(model.runner, PrefixCache(1 << 30, block_tokens=8))
+    finish(stepper, prefill(stepper, first, params))
+    warm = prefill(stepper, second, params)
+    assert warm.prefix_tokens > 0
+    assert_same_drafter_context("mtp", warm.sequence.drafter_state, cold.sequence.drafter_state, len(second) - 1)
+    finish(stepper, warm), finish(cold_stepper, cold)
+    assert warm.output_ids == cold.output_ids
+    assert (warm.stats.drafts, warm.stats.accepted_tokens) == (cold.stats.drafts, cold.stats.accepted_tokens)
