@@ -144,3 +144,41 @@ def test_a_prefill_cache_hit_gives_the_fused_head_a_cold_runs_context():
     finish(stepper, warm), finish(cold_stepper, cold)
     assert warm.output_ids == cold.output_ids
     assert (warm.stats.drafts, warm.stats.accepted_tokens) == (cold.stats.drafts, cold.stats.accepted_tokens)
+
+
+@pytest.mark.parametrize("mode", ["mtp", "auto"])
+def test_batched_lanes_with_adaptive_draft_lengths_emit_what_each_emits_alone(mode):
+    """Lanes share steps, and the load switches drafting off and on (a lane that does not draft
+    defers its fused rows until it drafts again): each lane still emits plain decoding's tokens."""
+    from tests.worker.engine.test_batched_engine import CountingStepper, run_batched
+    from worker.serving.model_stepper import ModelStepper
+    from worker.speculation.step_costs import StepCosts
+
+    model = loaded("llama")
+    drafter = load_drafter(mode, model, DraftOptions(draft=folders("llama")[1]))
+    assert drafter is not None
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
+    max_draft = ModelStepper(runner)._decode_rows - 1
+    seconds = {  # few lanes: drafting pays; many: it does not
+        (lanes, k): 0.01 * lanes * (1 + k * (0.02 if lanes <= 2 else 0.5))
+        for lanes in (1, 2, 8)
+        for k in (0, 1, max_draft)
+    }
+    chosen: list[int] = []
+
+    def make(runner_, pool):
+        stepper = CountingStepper(runner_, pool=pool)
+        stepper.chosen, stepper.step_costs = chosen, StepCosts(seconds)
+        return stepper
+
+    prompts = make_prompts(model.config.vocab_size, 10, seed=8)
+    lanes = [
+        (f"lane-{i}", prompt, SamplingParams(max_tokens=12 + 3 * i, ignore_eos=True))
+        for i, prompt in enumerate(prompts)
+    ]
+    outputs, pool, _, _ = run_batched(runner, lanes, join_every=6, make_stepper=make)
+    assert 0 in chosen and any(k > 0 for k in chosen), f"the load never switched the draft length: {chosen}"
+    plain = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, None)
+    for name, prompt, params in lanes:
+        assert outputs[name] == decode(plain, prompt, params, SpecStats()), name
+    assert pool.allocator.num_used == 0
