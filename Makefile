@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup run generate test test-all test-hardening test-agents agent-fixtures lint ci-tools bench docs clean
+.PHONY: setup run generate drafter-data test test-all test-hardening test-agents agent-fixtures lint ci-tools bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -62,6 +62,11 @@ docs: setup
 
 bench: setup
 	$(BIN)/arbor bench decode $(ARGS)
+
+# The self-distilled drafter data (docs/DRAFTERS.md): the default model's answers to the whole prompt
+# mix through the batched engine, resumable (a re-run generates only the shards not on disk).
+drafter-data: setup
+	$(BIN)/arbor train-drafter --kind eagle3 --data engine --generate-only --max-new-tokens 320 --threads 1 $(ARGS)
 
 # Debian tools the tests call: docker-compose (validates compose.yaml), promtool, and for the native
 # kernels (tests/worker/kernels) clang beside gcc, an aarch64 cross compiler and qemu-user (the NEON path).

@@ -1,8 +1,11 @@
-"""`arbor train-drafter --kind mtp|dflash`: the reproducible pipeline behind the bundled drafters.
+"""`arbor train-drafter --kind mtp|dflash|eagle3`: the reproducible pipeline behind the bundled drafters.
 
 Stages, each cached so an interrupted run resumes where it stopped:
   1. <data-dir>/sequences.pt  token ids: the target's own answers (greedy + sampled) to the training
-                              prompts and standard-library text; shared by both kinds
+                              prompts and standard-library text; shared by mtp and dflash
+     <data-dir>/engine/       with --data engine (eagle3's default): the target's answers to the
+                              prompt mix through the batched serving engine, in resumable uint16
+                              shards (engine_data.py); --generate-only stops after this stage
   2. <out>/data.pt            those sequences run through the target once: hidden states (final, and
                               for dflash the layers it reads) and argmax next tokens
   3. <out>/checkpoint.pt      drafter + optimizer + losses + held-out acceptance, every --save-every
@@ -16,13 +19,39 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ops.training.export import save_drafter
+from ops.training.held_out import held_out_acceptance
+
+if TYPE_CHECKING:
+    from ops.training.train_eagle3 import Eagle3Trainer
 
 DFLASH_MASK_TOKEN = "<|endoftext|>"  # the drafter's mask embedding: a special token answers never contain
 
 
 def add_train_parser(subparsers) -> None:
     parser = subparsers.add_parser("train-drafter", help="train a drafter for the default model (CPU is fine)")
-    parser.add_argument("--kind", choices=["mtp", "dflash"], default="mtp")
+    parser.add_argument("--kind", choices=["mtp", "dflash", "eagle3"], default="mtp")
+    parser.add_argument(
+        "--data",
+        choices=["transformers", "engine"],
+        default=None,
+        help="token sequences: answers generated with transformers (mtp, dflash) or through Arbor's "
+        "batched engine in resumable shards (eagle3's default)",
+    )
+    parser.add_argument("--mix-prompts", type=int, default=None, help="engine data: the first N of the prompt mix")
+    parser.add_argument("--lanes", type=int, default=16, help="engine data: lanes decoding at once")
+    parser.add_argument(
+        "--gen-dtype", default="auto", help="engine data: the served model's dtype (auto: the serving path)"
+    )
+    parser.add_argument("--generate-only", action="store_true", help="stop after the data stage")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where training runs (auto: cuda when torch sees one, else cpu)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="run folder (default .cache/train-KIND)")
     parser.add_argument(
         "--data-dir",
@@ -54,12 +83,26 @@ def run_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if (args.data or ("engine" if args.kind == "eagle3" else "transformers")) == "engine":
+        generate_engine_data(args)
+        if args.generate_only:
+            return 0
+    elif args.generate_only:
+        raise SystemExit("--generate-only needs --data engine")
     out = args.out or Path(f".cache/train-{args.kind}")
     out.mkdir(parents=True, exist_ok=True)
     served = load_serving_model(None, "none")
     served.loaded.decoder.requires_grad_(False)  # the target is frozen; only the drafter learns
-    trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
-    data = _captured(served, args, out, trainer.target_layers)
+    device = training_device(args.device, args.kind)
+    trainer: MtpTrainer | DFlashTrainer | Eagle3Trainer
+    if args.kind == "eagle3":
+        from ops.training.train_eagle3 import Eagle3Trainer
+
+        trainer = Eagle3Trainer(served, device)
+        data = {"train": _engine_sequences(args)}
+    else:
+        trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
+        data = _captured(served, args, out, trainer.target_layers)
     trainer.setup(data)
     state = _resume(out / "checkpoint.pt", trainer.model, trainer.optimizer)
     progress = tqdm(total=args.updates, initial=state["update"], desc=f"training {args.kind}", unit="update")
@@ -85,6 +128,7 @@ def run_train(args: argparse.Namespace) -> int:
         "sequences": len(data["train"]),
         "tokens": sum(len(s.token_ids) for s in data["train"]),
         "train_vocabulary": len(trainer.vocab),
+        "device": device,
     }
     (out / "history.json").write_text(json.dumps(history))
     print(f"wrote {out / args.kind}; held-out tokens/forward {state['evals'][-1][1]:.3f}")
@@ -143,7 +187,7 @@ class MtpTrainer:
 
     def export(self, folder: Path) -> None:
         config = self.served.loaded.checkpoint.config
-        _save(
+        save_drafter(
             folder,
             {f"mtp.{name}": t for name, t in self.model.state_dict().items()},
             {
@@ -233,7 +277,7 @@ class DFlashTrainer:
             "max_position_embeddings",
             "vocab_size",
         )
-        _save(
+        save_drafter(
             folder,
             dict(self.model.state_dict()),
             {
@@ -256,20 +300,56 @@ class DFlashTrainer:
         )
 
 
-def _save(folder: Path, tensors: dict, config: dict, draft_vocab) -> None:
-    """config.json, model.safetensors (bf16) and draft_vocab.json: the tokens the drafter was trained to propose."""
+def training_device(chosen: str, kind: str) -> str:
+    """ "auto": cuda when torch sees one. The eagle3 trainer runs on either; mtp and dflash train on
+    captured states kept in CPU memory, so they stay on the CPU."""
     import torch
-    from safetensors.torch import save_file
 
-    from worker.drafters.draft_vocab import write_draft_vocabulary
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if chosen == "auto" else chosen
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    if device == "cuda" and kind != "eagle3":
+        if chosen == "cuda":
+            raise SystemExit(f"--device cuda: --kind {kind} trains on the CPU; --kind eagle3 trains on CUDA")
+        device = "cpu"
+    return device
 
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {name: t.detach().to(torch.bfloat16).contiguous() for name, t in tensors.items()},
-        str(folder / "model.safetensors"),
+
+def _engine_sequences(args: argparse.Namespace) -> list:
+    from ops.training.engine_data import read_shards
+
+    sequences = read_shards(args.data_dir / "engine")
+    if not sequences:
+        raise SystemExit(f"{args.data_dir / 'engine'} holds no shards: run with --data engine first")
+    if args.max_sequences is not None:
+        sequences = random.Random(0).sample(sequences, min(args.max_sequences, len(sequences)))
+    return sequences
+
+
+def generate_engine_data(args: argparse.Namespace) -> None:
+    """The shards of the prompt mix not on disk yet, through the batched engine (engine_data.py)."""
+    from ops.training.engine_data import generate_shards
+    from ops.training.prompt_mix import prompt_mix
+    from worker.serving_model import load_serving_model
+
+    served = load_serving_model(None, "none", dtype=args.gen_dtype)
+    prompts = prompt_mix()[: args.mix_prompts]
+
+    def report(stats) -> None:
+        print(
+            f"shard {stats.skipped_shards + stats.written_shards}: {stats.generated_tokens} tokens generated "
+            f"in {stats.elapsed_s:.0f} s ({stats.tokens_per_s:.1f} tokens/s; {stats.cpu_s:.0f} s of CPU)",
+            flush=True,
+        )
+
+    folder = args.data_dir / "engine"
+    stats = generate_shards(served, prompts, folder, args.max_new_tokens, max_lanes=args.lanes, progress=report)
+    print(
+        f"{folder}: {len(stats.generated_keys)} answers this run ({stats.prompt_tokens} prompt + "
+        f"{stats.generated_tokens} generated tokens in {stats.elapsed_s:.0f} s, {stats.tokens_per_s:.1f} tokens/s, "
+        f"{stats.cpu_s:.0f} s of CPU); "
+        f"{stats.skipped_shards} shards were already done"
     )
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    write_draft_vocabulary(folder, draft_vocab)
 
 
 def _sequences(served, args: argparse.Namespace) -> list[list[int]]:
@@ -317,20 +397,3 @@ def _resume(path: Path, model, optimizer) -> dict:
     model.load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     return saved
-
-
-def held_out_acceptance(served, drafter, max_tokens: int = 64) -> float:
-    """Tokens per target forward of greedy drafting on held-out prompts (never trained on)."""
-    from ops.training.prompts import held_out_conversations
-    from shared.sampling import SamplingParams
-    from worker.engine.generate import generate
-    from worker.engine.runner import ModelRunner
-
-    decoder = served.loaded.decoder
-    runner = ModelRunner(decoder, served.loaded.checkpoint.eos_token_ids, drafter)
-    generated = forwards = 0
-    for messages in held_out_conversations()[:6]:
-        result = generate(runner, served.tokenizer, served.encode_chat(messages), SamplingParams(max_tokens=max_tokens))
-        generated += result.stats.generated_tokens
-        forwards += result.stats.target_forwards
-    return generated / forwards

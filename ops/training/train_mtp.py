@@ -45,11 +45,12 @@ class MtpTrainConfig:
     max_len: int = 320  # longer sequences are cut into windows
 
 
-def init_head(served) -> MtpHead:
-    """Start from the target's last decoder layer; fc passes the hidden half through."""
+def init_head(served, num_target_layers: int = 0) -> MtpHead:
+    """Start from the target's last decoder layer; fc passes the hidden half through (and an
+    EAGLE-3-style head's target_fc passes the last of the layers it fuses, the highest)."""
     decoder = served.loaded.decoder
     config = decoder.config
-    head = MtpHead(config)
+    head = MtpHead(config, num_target_layers)
     head.layers[0].load_state_dict(decoder.model.layers[-1].state_dict())
     head.norm.load_state_dict(decoder.model.norm.state_dict())  # outputs start on the lm_head's scale
     hidden = config.hidden_size
@@ -57,7 +58,19 @@ def init_head(served) -> MtpHead:
         head.fc.weight.zero_()
         head.fc.weight[:, hidden:] = torch.eye(hidden)
         head.fc.weight[:, :hidden] = 0.1 * torch.eye(hidden)
+        if num_target_layers:
+            head.target_fc.weight.zero_()
+            head.target_fc.weight[:, -hidden:] = torch.eye(hidden)
     return head.float().train()
+
+
+def step_one_hidden(head: MtpHead, sequence: CapturedSequence, n: int) -> torch.Tensor:
+    """h_t for t < n as the head reads it [n, hidden]: the final hidden state, or an EAGLE-3-style
+    head's target_fc over the target layers it fuses (captured in its order)."""
+    if hasattr(head, "target_fc"):
+        assert sequence.layer_hidden is not None, "a fused-layer head needs the target layers' states"
+        return head.target_fc(sequence.layer_hidden[:n].float())
+    return sequence.final_hidden[:n].float()
 
 
 def training_vocabulary(sequences: list[CapturedSequence], vocab_size: int, extra: int = 512) -> torch.Tensor:
@@ -83,7 +96,7 @@ def chain_hidden(
     n = ids.shape[0] - num_steps
     layer = cast(DecoderLayer, head.layers[0])  # to a type checker an nn.ModuleList holds plain Modules
     attn = layer.self_attn
-    hidden = sequence.final_hidden[:n].float()
+    hidden = step_one_hidden(head, sequence, n)
     keys, values, outputs = [], [], []
     for step in range(num_steps):
         embedded = head.pre_fc_norm_embedding(decoder.model.embed_tokens(ids[step + 1 : step + 1 + n]).float())
@@ -95,10 +108,10 @@ def chain_hidden(
         if attn.q_norm is not None:
             assert attn.k_norm is not None  # the family has both or neither
             q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = rotary(torch.arange(step, step + n))
+        cos, sin = rotary(torch.arange(step, step + n, device=ids.device))
         keys.append(apply_rotary(k.transpose(0, 1), cos, sin))
         values.append(v.transpose(0, 1))
-        mask = _chain_mask(n, step + 1)
+        mask = _chain_mask(n, step + 1).to(ids.device)
         out = grouped_attention(
             apply_rotary(q.transpose(0, 1), cos, sin), torch.cat(keys, 1), torch.cat(values, 1), mask
         )
@@ -168,7 +181,7 @@ def make_optimizer(head: MtpHead, config: MtpTrainConfig) -> torch.optim.Optimiz
 def train_updates(
     head: MtpHead,
     served,
-    data: list[CapturedSequence],
+    data: list,  # CapturedSequence, or what prepare_batch turns into them
     vocab: torch.Tensor,
     optimizer: torch.optim.Optimizer,
     config: MtpTrainConfig,
@@ -176,11 +189,12 @@ def train_updates(
     stop_update: int,
     total_updates: int,
     progress,
+    prepare_batch=None,  # updates.run_updates': windows -> CapturedSequence (None: data is captured)
 ) -> list[float]:
     """Run updates [start_update, stop_update) of a cosine schedule over total_updates; the loss of each."""
-    decoder_config = served.loaded.decoder.config
-    rotary = RotaryEmbedding(decoder_config, torch.float32)
-    vocab_index = updates.vocabulary_index(vocab, decoder_config.vocab_size)
+    decoder = served.loaded.decoder
+    rotary = RotaryEmbedding(decoder.config, torch.float32, decoder.device)
+    vocab_index = updates.vocabulary_index(vocab.cpu(), decoder.config.vocab_size).to(vocab.device)
 
     def sequence_loss(sequence: CapturedSequence, rng) -> torch.Tensor | None:
         losses = chain_losses(
@@ -203,4 +217,5 @@ def train_updates(
         stop_update,
         total_updates,
         progress,
+        prepare_batch,
     )

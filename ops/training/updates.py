@@ -47,8 +47,12 @@ def run_updates(
     stop_update: int,
     total_updates: int,
     progress,
+    prepare_batch: Callable[[list[_Seq]], list] | None = None,
 ) -> list[float]:
-    """Updates [start_update, stop_update) of a schedule over total_updates; the loss of each."""
+    """Updates [start_update, stop_update) of a schedule over total_updates; the loss of each.
+
+    `prepare_batch` turns the update's drawn sequences into what `sequence_loss` reads, all at
+    once (the EAGLE-3 trainer recomputes their target states in one batched prefill)."""
     history = []
     for update in range(start_update, stop_update):
         rng = random.Random(update)
@@ -56,7 +60,8 @@ def run_updates(
             group["lr"] = lr_at(update, total_updates, lr)
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for sequence in rng.sample(data, sequences_per_update):
+        batch = rng.sample(data, sequences_per_update)
+        for sequence in prepare_batch(batch) if prepare_batch is not None else batch:
             loss = sequence_loss(sequence, rng)
             if loss is None:
                 continue

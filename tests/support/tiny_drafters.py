@@ -112,6 +112,24 @@ def write_random_mtp(
     return folder
 
 
+def write_random_eagle3(folder: Path, target: Path | dict, target_layers: Sequence[int], seed: int = 3) -> Path:
+    """An EAGLE-3-style MTP head: the mtp.* tensors plus mtp.target_fc [hidden, k * hidden], which
+    fuses the k target layers that config.json's mtp_target_layers lists."""
+    config = read_config(target)
+    hidden = config["hidden_size"]
+    shapes = {**mtp_shapes(config), "mtp.target_fc.weight": (hidden, len(target_layers) * hidden)}
+    folder.mkdir(parents=True, exist_ok=True)
+    head_config = {
+        "model_type": config["model_type"],
+        "hidden_size": hidden,
+        "num_nextn_predict_layers": 1,
+        "mtp_target_layers": list(target_layers),
+    }
+    (folder / "config.json").write_text(json.dumps(head_config))
+    save_file(random_tensors(shapes, seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
 def make_tiny_model_with_mtp(
     folder: Path,
     family: str = "qwen3",

@@ -13,6 +13,12 @@ and the token x_{t+1},
     g = norm(layer(z))  at position t, with the head's own KV cache
     lm_head(g) predicts x_{t+2}
 and drafting further reuses the same layer with g in place of h (vLLM feeds back the normed output).
+
+An EAGLE-3-style head conditions step 1 on several target layers instead of h_t: its config.json
+lists them (`"mtp_target_layers": [low, middle, high]`, decoder-layer outputs) and it holds one more
+tensor, `mtp.target_fc.weight` [hidden, len(layers) * hidden], with
+    h_t = target_fc(cat[layer_low(t), layer_middle(t), layer_high(t)])
+in place of the final hidden state; everything after that is the same head.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ if TYPE_CHECKING:
 
 MTP_PREFIX = "mtp."
 DEFAULT_NUM_DRAFT = 3
-HIDDEN_SOURCES = ("post_norm", "pre_norm")
+HIDDEN_SOURCES = ("post_norm", "pre_norm", "fused_layers")
+TARGET_LAYERS_KEY = "mtp_target_layers"  # config.json: the layers an EAGLE-3-style head fuses
 # Which target hidden state the head is conditioned on: "post_norm" is the last layer's output
 # after the final norm (what vLLM hands Qwen3-Next's MTP, and transformers' hidden_states[-1]);
 # "pre_norm" is the raw output of the last decoder layer. A head trained on the other convention
@@ -68,9 +75,11 @@ MTP_HIDDEN_BY_FAMILY: dict[str, str] = {
 class MtpHead(nn.Module):
     """The `mtp.*` tensors as a module (parameter names without the prefix)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, num_target_layers: int = 0):
         super().__init__()
         size, eps = config.hidden_size, config.rms_norm_eps
+        if num_target_layers:  # an EAGLE-3-style head: fuses that many target layers into h_t
+            self.target_fc = nn.Linear(num_target_layers * size, size, bias=False)
         self.fc = nn.Linear(2 * size, size, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(size, eps)
         self.pre_fc_norm_hidden = RMSNorm(size, eps)
@@ -101,13 +110,15 @@ class MtpDrafter:
         hidden_source: str,
         num_draft: int = DEFAULT_NUM_DRAFT,
         draft_vocab: torch.Tensor | None = None,
+        target_layers: tuple[int, ...] = (),  # "fused_layers": the layers target_fc fuses, in its order
     ):
         assert hidden_source in HIDDEN_SOURCES, hidden_source
+        assert (hidden_source == "fused_layers") == bool(target_layers), (hidden_source, target_layers)
         self.head, self.embed_tokens, self.lm_head = head, embed_tokens, lm_head
         self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
         self.hidden_source, self.num_draft = hidden_source, num_draft
         last_layer = target_config.num_hidden_layers - 1
-        self.hidden_layers: tuple[int, ...] = (last_layer,) if hidden_source == "pre_norm" else ()
+        self.hidden_layers: tuple[int, ...] = (last_layer,) if hidden_source == "pre_norm" else target_layers
         self.wants_final_hidden = hidden_source == "post_norm"
         weight = embed_tokens.weight  # dense, in the activation dtype (lm_head may be packed)
         self.rotary: RotaryEmbedding
@@ -208,19 +219,22 @@ class MtpDrafter:
         if not state.pending:
             return committed
         parts, state.pending = [*state.pending, committed], []
-        hidden = torch.cat([self._target_hidden(part) for part in parts])
         token_ids = [token for part in parts for token in part.token_ids]
-        return self._states(token_ids, parts[0].start, hidden, committed.next_token)
+        return self._states(token_ids, parts[0].start, parts, committed.next_token, torch.cat)
 
     def _compact(self, committed: TargetStates) -> TargetStates:
         """A copy holding only the rows this drafter reads (not a view into the step's tensors)."""
-        hidden = self._target_hidden(committed).clone()
-        return self._states(committed.token_ids, committed.start, hidden, committed.next_token)
+        return self._states(
+            committed.token_ids, committed.start, [committed], committed.next_token, lambda rows: rows[0].clone()
+        )
 
-    def _states(self, token_ids: list[int], start: int, hidden: torch.Tensor, next_token: int) -> TargetStates:
-        if self.hidden_source == "post_norm":
-            return TargetStates(token_ids, start, {}, hidden, next_token)
-        return TargetStates(token_ids, start, {self.hidden_layers[0]: hidden}, None, next_token)
+    def _states(
+        self, token_ids: list[int], start: int, parts: list[TargetStates], next_token: int, join
+    ) -> TargetStates:
+        """TargetStates with the rows this drafter reads from `parts`, each field's rows `join`ed."""
+        layers = {layer: join([part.hidden[layer] for part in parts]) for layer in self.hidden_layers}
+        final = join([part.final_hidden for part in parts]) if self.wants_final_hidden else None
+        return TargetStates(token_ids, start, layers, final, next_token)
 
     def _flush(self, items: list[tuple[MtpState, Sequence]]) -> None:
         """Run the head over the observations lanes deferred, before they draft."""
@@ -271,10 +285,14 @@ class MtpDrafter:
         return state
 
     def _target_hidden(self, committed: TargetStates) -> torch.Tensor:
+        """The head's step-1 hidden input for the committed rows [n, hidden]."""
         if self.hidden_source == "post_norm":
             assert committed.final_hidden is not None, "the runner must pass final_hidden to the MTP drafter"
             return committed.final_hidden
-        return committed.hidden[self.hidden_layers[0]]
+        if self.hidden_source == "pre_norm":
+            return committed.hidden[self.hidden_layers[0]]
+        layers = torch.cat([committed.hidden[layer] for layer in self.hidden_layers], dim=-1)  # [n, k * hidden]
+        return self.head.get_submodule("target_fc")(layers)
 
     def _run(self, cache: KVCache, token_ids: list[int], hidden: torch.Tensor, start: int) -> torch.Tensor:
         """The head over T pairs at positions [start, start+T); K/V written to those (uncommitted) slots."""
@@ -302,14 +320,19 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
     decoder = model.decoder
     config: ModelConfig | HybridConfig = decoder.config
     _check_hidden_size(checkpoint, config)
+    target_layers = _target_layers(checkpoint, config)
     with torch.device("meta"):
-        head = HybridMtpHead(config) if isinstance(config, HybridConfig) else MtpHead(config)
+        head = HybridMtpHead(config) if isinstance(config, HybridConfig) else MtpHead(config, len(target_layers))
+        if target_layers and isinstance(head, HybridMtpHead):
+            head.add_module(
+                "target_fc", nn.Linear(len(target_layers) * config.hidden_size, config.hidden_size, bias=False)
+            )
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
     native = native_linear_of(decoder.lm_head)
     if native is not None:  # the head's layer on the target's native kernels, in int4
         drafter_on_native(head, native)
-    source = _hidden_source(checkpoint, config)
+    source = "fused_layers" if target_layers else _hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
     return MtpDrafter(
         head,
@@ -319,6 +342,7 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
         source,
         options.num_draft or DEFAULT_NUM_DRAFT,
         draft_vocab,
+        target_layers,
     )
 
 
@@ -346,6 +370,17 @@ def _check_hidden_size(checkpoint: DraftCheckpoint, config: ModelConfig | Hybrid
         raise DrafterError(
             f"{checkpoint.source}: hidden_size={size} does not match the target's hidden_size={config.hidden_size}"
         )
+
+
+def _target_layers(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConfig) -> tuple[int, ...]:
+    """The decoder layers an EAGLE-3-style head fuses (config.json `mtp_target_layers`; () for the others)."""
+    layers = checkpoint.config.get(TARGET_LAYERS_KEY, [])
+    num_layers = config.num_hidden_layers
+    if not isinstance(layers, list) or not all(isinstance(i, int) and 0 <= i < num_layers for i in layers):
+        raise DrafterError(
+            f"{checkpoint.source}: {TARGET_LAYERS_KEY}={layers!r} must list decoder layers in [0, {num_layers})"
+        )
+    return tuple(layers)
 
 
 def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConfig) -> str:

@@ -1,0 +1,147 @@
+"""Training an EAGLE-3-style head: the MTP head (train_mtp.py) conditioned on a low, a middle and a
+high target layer fused by `target_fc`, instead of the final hidden state alone.
+
+The data is token ids only (engine_data.py's shards): every update draws its windows and runs the
+frozen target over all of them in one batched prefill (`Decoder.forward_lanes`, one lane a
+window), keeping the fused layers' outputs and the final hidden state; nothing is stored. The
+chain is then trained exactly as train_mtp.py trains it (training-time test over the draft depth:
+steps after the first feed back the head's own output), with the fused features as step 1's input.
+
+It trains wherever the target sits: `device` "cuda" moves the frozen target and the head there.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from ops.training.capture import CapturedSequence
+from ops.training.train_mtp import MtpTrainConfig, init_head, make_optimizer, train_updates
+from worker.models.decoder import LaneRows
+
+EXTRA_VOCAB = 512  # most frequent input tokens added to those the target answered with
+
+
+def default_target_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, middle and high, as EAGLE-3 picks them (vLLM's 2, L // 2, L - 3), for L decoder layers."""
+    return tuple(sorted({min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)}))
+
+
+@dataclasses.dataclass(slots=True)
+class Eagle3TrainConfig(MtpTrainConfig):
+    feature_weight: float = 0.0  # EAGLE-3 drops the feature loss: the fused input is not a layer's state
+    max_len: int = 512  # windows of the engine's sequences (prompt + answer)
+    target_layers: tuple[int, ...] = ()  # () -> default_target_layers
+
+
+def token_windows(sequences: list[list[int]], max_len: int) -> list[list[int]]:
+    return [ids[start : start + max_len] for ids in sequences for start in range(0, len(ids), max_len)]
+
+
+def answer_vocabulary(sequences, vocab_size: int, extra: int = EXTRA_VOCAB) -> torch.Tensor:
+    """Every token the target answered with (what it predicts), plus the most frequent input tokens."""
+    answered = torch.zeros(vocab_size, dtype=torch.int64)
+    seen = torch.zeros(vocab_size, dtype=torch.int64)
+    for sequence in sequences:
+        ids = torch.tensor(sequence.token_ids)
+        answered += torch.bincount(ids[sequence.prompt_length :], minlength=vocab_size)
+        seen += torch.bincount(ids, minlength=vocab_size)
+    return torch.unique(torch.cat([(answered > 0).nonzero().flatten(), seen.topk(min(extra, vocab_size)).indices]))
+
+
+def target_states(served, windows: list[list[int]], layers: tuple[int, ...]) -> list[CapturedSequence]:
+    """The frozen target over every window at once (one lane each): the fused layers' outputs
+    concatenated in `layers` order, and the final hidden state. target_next is the data's next
+    token (the target's own argmax on its greedy answers), kept for the accuracy counters only."""
+    decoder = served.loaded.decoder
+    lanes = [LaneRows(ids, list(range(len(ids))), decoder.new_cache(len(ids)), num_logits=0) for ids in windows]
+    outputs = decoder.forward_lanes(lanes, layers, want_final_hidden=True)
+    captured = []
+    for ids, out in zip(windows, outputs, strict=True):
+        token_ids = torch.tensor(ids, device=decoder.device)
+        layer_hidden = torch.cat([out.hidden[layer] for layer in layers], dim=-1).clone()  # [T, k * hidden]
+        next_ids = torch.cat([token_ids[1:], token_ids[-1:]])
+        captured.append(CapturedSequence(token_ids, out.final_hidden.clone(), layer_hidden, next_ids))
+    return captured
+
+
+class Eagle3Trainer:
+    def __init__(self, served, device: str = "cpu"):
+        self.served, self.device = served, torch.device(device)
+        self.config = Eagle3TrainConfig()
+        num_layers = served.loaded.decoder.config.num_hidden_layers
+        self.config.target_layers = self.target_layers = default_target_layers(num_layers)
+        decoder = served.loaded.decoder
+        decoder.to(self.device)
+        decoder.rotary = None  # its cos/sin tables are rebuilt on the device at the next forward
+
+    def setup(self, data: dict) -> None:
+        """data["train"]: ShardSequence-like (token_ids, prompt_length), token ids only."""
+        sequences = data["train"]
+        self.target_layers = self.config.target_layers
+        self.train_data = token_windows([s.token_ids for s in sequences], self.config.max_len)
+        self.vocab = answer_vocabulary(sequences, self.served.loaded.config.vocab_size).to(self.device)
+        self.model = init_head(self.served, len(self.target_layers)).to(self.device)
+        self.optimizer = make_optimizer(self.model, self.config)
+
+    def train(self, start: int, stop: int, total: int, progress) -> list[float]:
+        def prepare(windows: list[list[int]]) -> list[CapturedSequence]:
+            return target_states(self.served, windows, self.target_layers)
+
+        return train_updates(
+            self.model,
+            self.served,
+            self.train_data,
+            self.vocab,
+            self.optimizer,
+            self.config,
+            start,
+            stop,
+            total,
+            progress,
+            prepare,
+        )
+
+    def drafter(self):
+        from worker.drafters.mtp import MtpDrafter
+
+        decoder = self.served.loaded.decoder
+        frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return MtpDrafter(
+            frozen,
+            decoder.config,
+            decoder.model.embed_tokens,
+            decoder.lm_head,
+            "fused_layers",
+            self.config.num_steps,
+            draft_vocab=self.vocab,
+            target_layers=self.target_layers,
+        )
+
+    def held_out_acceptance(self) -> float:
+        from ops.training.held_out import held_out_acceptance
+
+        return held_out_acceptance(self.served, self.drafter())
+
+    def export(self, folder: Path) -> None:
+        from ops.training.export import save_drafter
+        from worker.drafters.mtp import TARGET_LAYERS_KEY
+
+        config = self.served.loaded.checkpoint.config
+        save_drafter(
+            folder,
+            {f"mtp.{name}": t.cpu() for name, t in self.model.state_dict().items()},
+            {
+                "architectures": ["ArborMtpHead"],
+                "model_type": config["model_type"],
+                "hidden_size": config["hidden_size"],
+                "num_nextn_predict_layers": 1,
+                TARGET_LAYERS_KEY: list(self.target_layers),
+                "num_draft": self.config.num_steps,
+                "target": self.served.name,
+            },
+            self.vocab.cpu(),
+        )

@@ -1,0 +1,123 @@
+"""EAGLE-3-style head training trains what the drafter runs: target states recomputed in batched
+prefill equal the target's own one-sequence forward, the trainer's chain over the fused layers
+equals the drafter's proposals (fed the layers by TargetStates, as the runner feeds them), and a
+few updates lower the loss, on the CPU and (where torch sees one) on CUDA; the export loads in
+`mtp` and `auto`."""
+
+from __future__ import annotations
+
+import functools
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from ops.training.capture import capture
+from ops.training.engine_data import ShardSequence
+from ops.training.train_eagle3 import Eagle3Trainer, default_target_layers, target_states
+from ops.training.train_mtp import chain_hidden
+from tests.ops.test_drafter_training import Progress, fake_sequence, perturbed
+from tests.support.tiny_drafters import one_torch_thread
+from tests.support.tiny_models import make_tiny_model
+from worker.drafters.mtp import MtpDrafter
+from worker.drafters.picker import SourcePicker
+from worker.drafters.registry import DraftOptions, load_drafter
+from worker.engine.drafter_protocol import TargetStates
+from worker.models.rope import RotaryEmbedding
+from worker.serving_model import load_serving_model
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@functools.cache
+def folder() -> Path:
+    return make_tiny_model(Path(tempfile.mkdtemp(prefix="arbor-eagle3-train-")) / "tiny", "llama", num_hidden_layers=6)
+
+
+def served():
+    model = load_serving_model(folder(), "none")
+    model.loaded.decoder.requires_grad_(False)
+    return model
+
+
+def shard_sequences(count: int, length: int, seed: int = 0) -> list[ShardSequence]:
+    rng = random.Random(seed)
+    vocab = 300  # the tiny tokenizer's
+    return [
+        ShardSequence(f"s/{i}", [rng.randrange(3, vocab) for _ in range(length)], length // 3) for i in range(count)
+    ]
+
+
+def test_the_default_layers_are_low_middle_and_high():
+    assert default_target_layers(30) == (2, 15, 27)
+    assert default_target_layers(6) == (2, 3)  # the middle and the high coincide: fused once
+
+
+def test_batched_prefill_states_equal_each_sequence_alone():
+    model = served()
+    layers = (1, 3, 5)
+    windows = [s.token_ids for s in shard_sequences(3, 17)] + [shard_sequences(1, 9, seed=4)[0].token_ids]
+    batched = target_states(model, windows, layers)
+    for ids, states in zip(windows, batched, strict=True):
+        alone = capture(model, [ids], layers)[0]
+        torch.testing.assert_close(states.layer_hidden, alone.layer_hidden.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(states.final_hidden, alone.final_hidden.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_the_fused_chain_equals_the_drafters_own_proposals():
+    model = served()
+    trainer = Eagle3Trainer(model)
+    trainer.config.target_layers = (0, 2, 5)
+    trainer.setup({"train": shard_sequences(2, 20)})
+    perturbed(trainer.model)
+    drafter = trainer.drafter()
+    prompt = shard_sequences(1, 12, seed=7)[0].token_ids
+    root = 9
+    first = target_states(model, [prompt], trainer.target_layers)[0]
+    hidden = model.loaded.config.hidden_size
+    layers = {
+        layer: first.layer_hidden[:, i * hidden : (i + 1) * hidden] for i, layer in enumerate(trainer.target_layers)
+    }
+    sequence = fake_sequence(len(prompt))
+    state = drafter.start(sequence)
+    drafter.observe(state, TargetStates(prompt, 0, layers, None, root))
+    proposal = drafter.propose(state, sequence).tokens
+    trained_sequence = target_states(model, [prompt + [root] + proposal], trainer.target_layers)[0]
+    rotary = RotaryEmbedding(model.loaded.decoder.config, torch.float32)
+    with torch.no_grad():
+        chain = chain_hidden(trainer.model, model, rotary, trained_sequence, 3)
+    t = len(prompt) - 1
+    vocabulary = drafter.vocabulary
+    trained = [int(vocabulary.to_target(vocabulary.logits(chain[step][t]).argmax())) for step in range(3)]
+    assert trained == proposal
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_few_updates_lower_the_loss_and_the_export_loads(device, tmp_path):
+    model = served()
+    trainer = Eagle3Trainer(model, device)
+    trainer.config.target_layers = (1, 3, 5)
+    trainer.config.sequences_per_update = 4
+    trainer.config.lr = 3e-3
+    trainer.setup({"train": shard_sequences(4, 48, seed=3) * 2})
+    assert next(trainer.model.parameters()).device.type == device
+    losses = trainer.train(0, 30, 30, Progress())
+    assert sum(losses[-5:]) / 5 < 0.95 * sum(losses[:5]) / 5, losses
+    trainer.export(tmp_path / "eagle3")
+    model.loaded.decoder.to("cpu")
+    for mode in ("mtp", "auto"):
+        drafter = load_drafter(mode, model.loaded, DraftOptions(draft=tmp_path / "eagle3"))
+        head = drafter.model if isinstance(drafter, SourcePicker) else drafter
+        assert isinstance(head, MtpDrafter) and head.hidden_layers == (1, 3, 5)
+        assert torch.equal(head.vocabulary.token_ids, trainer.vocab.cpu())
