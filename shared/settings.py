@@ -22,7 +22,7 @@ from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
-Speculation = Literal["auto", "mtp", "tree", "dflash", "ngram", "suffix", "none"]
+Speculation = Literal["auto", "mtp", "mtp-tree", "tree", "dflash", "ngram", "suffix", "none"]
 Kernels = Literal["auto", "native", "native-int8", "torch"]  # worker/kernels/cpu_features.py
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The one default speculation mode: the worker's setting, `arbor up`, `arbor generate`, compose and
