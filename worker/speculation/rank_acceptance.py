@@ -61,7 +61,7 @@ class RankAcceptance:
         """q(depth, rank), shrunk towards `prior` while few walks have reached it."""
         key = (depth, rank)
         weight = self.attempts.get(key, 0.0) + self.prior_weight
-        return (self.accepted.get(key, 0.0) + self.prior_weight * prior) / weight
+        return (self.accepted.get(key, 0.0) + self.prior_weight * prior) / weight if weight > 0 else prior
 
     def chain_rates(self, max_depth: int, prior: float) -> list[float]:
         """p_d = q(d, 0) for d = 1..max_depth: a chain's conditional acceptance per depth."""
