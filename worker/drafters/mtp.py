@@ -250,7 +250,8 @@ class MtpDrafter:
         trees: list[DraftTree | None] = [None] * len(states)
         active = [i for i in ready if budgets[i] > 0]
         if active:
-            grown = grow_trees(self, [states[i] for i in active], [budgets[i] for i in active], self.tree_shape)
+            lanes = [states[i] for i in active]
+            grown = grow_trees(self.run_head, self.vocabulary, lanes, [budgets[i] for i in active], self.tree_shape)
             for i, tree in zip(active, grown, strict=True):
                 trees[i] = tree
         return trees

@@ -42,7 +42,7 @@ def head_in_target_format(head: nn.Module, formats: LinearFormats | None, device
     """Put the head's linears in the target's body format (False: the target is dense, so is the head)."""
     if formats is None or formats.body not in QUANTIZED_FORMATS:
         return False
-    layer = head.layers[0]
+    layer = _layer(head)
     if isinstance(layer, DecoderLayer):  # stacked like the target's layers (fast_weights._fuse_*)
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = _planned([attn.q_proj, attn.k_proj, attn.v_proj], formats, device)
@@ -57,7 +57,7 @@ def head_in_target_format(head: nn.Module, formats: LinearFormats | None, device
 
 def fused_head_layer(head: nn.Module, config: ModelConfig, formats: LinearFormats | None) -> FusedLayers | None:
     """The head's layer as one native call, where the target's layers are one (loader._fused_layers' rule)."""
-    layer = head.layers[0]
+    layer = _layer(head)
     if (
         formats is None
         or formats.kernels != "native"
@@ -112,8 +112,14 @@ def _row_tables(lane: HeadRows) -> tuple[list[Span], list[torch.Tensor]]:
     return spans, tables
 
 
+def _layer(head: nn.Module) -> nn.Module:
+    layers = head.layers
+    assert isinstance(layers, nn.ModuleList), type(layers)
+    return layers[0]
+
+
 def _planned(parts: list[nn.Module], formats: LinearFormats, device: torch.device | str) -> nn.Module:
-    sources = [LinearSource(part.weight.detach().float(), _bias(part)) for part in parts]
+    sources = [LinearSource(_weight(part), _bias(part)) for part in parts]
     return planned_linear(stack_rows(sources), formats.body, formats, device)
 
 
@@ -125,6 +131,12 @@ def _plan_linears(module: nn.Module, formats: LinearFormats, device: torch.devic
             setattr(module, name, _planned([child], formats, device))
         elif not isinstance(child, nn.Linear):
             _plan_linears(child, formats, device)
+
+
+def _weight(linear: nn.Module) -> torch.Tensor:
+    weight = linear.weight
+    assert isinstance(weight, torch.Tensor), type(weight)
+    return weight.detach().float()
 
 
 def _bias(linear: nn.Module) -> torch.Tensor | None:

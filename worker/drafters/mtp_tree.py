@@ -17,18 +17,31 @@ runs at most 3 forwards of at most `top_k` rows each, and the logits rows of eac
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from worker.drafters.draft_vocab import DraftVocabulary
 from worker.drafters.head_rows import HeadRows
+from worker.models.kv_cache import KVCache
 from worker.speculation.head_tree import HeadTreeSearch
 from worker.speculation.tree import ROOT, DraftTree
 
-if TYPE_CHECKING:
-    from worker.drafters.draft_vocab import DraftVocabulary
-    from worker.drafters.mtp import MtpDrafter, MtpState
+RunHead = Callable[
+    [list[HeadRows], torch.Tensor], torch.Tensor
+]  # MtpDrafter.run_head: rows, [R, hidden] -> [R, hidden]
+
+
+class HeadLane(Protocol):
+    """What a tree needs of a lane's head state (mtp.MtpState)."""
+
+    cache: KVCache
+    next_hidden: torch.Tensor | None
+    num_observed: int
+    head_rows: int
+
 
 DEFAULT_TREE_BUDGET = 8
 DEFAULT_TOP_K = 4
@@ -42,11 +55,13 @@ class TreeShape:
     max_depth: int = DEFAULT_MAX_DEPTH
 
 
-def grow_trees(drafter: MtpDrafter, states: list[MtpState], budgets: list[int], shape: TreeShape) -> list[DraftTree]:
+def grow_trees(
+    run_head: RunHead, vocabulary: DraftVocabulary, states: Sequence[HeadLane], budgets: list[int], shape: TreeShape
+) -> list[DraftTree]:
     """Each lane's best-first tree of budgets[i] nodes; every lane caught up (next_hidden set)."""
     searches = [HeadTreeSearch(budget, shape.top_k, shape.max_depth) for budget in budgets]
     first = torch.stack([state.next_hidden for state in states])  # type: ignore[misc]  # [B, hidden]
-    for search, ranked in zip(searches, top_candidates(drafter.vocabulary, first, shape.top_k), strict=True):
+    for search, ranked in zip(searches, top_candidates(vocabulary, first, shape.top_k), strict=True):
         search.add_children(ROOT, ranked)
     node_hidden: list[dict[int, torch.Tensor]] = [{} for _ in states]  # lane -> node -> the head's g for it
     node_slot: list[dict[int, int]] = [{} for _ in states]  # lane -> grown node -> its scratch slot
@@ -64,8 +79,8 @@ def grow_trees(drafter: MtpDrafter, states: list[MtpState], budgets: list[int], 
                 inputs.append(first[lane] if parent == ROOT else node_hidden[lane][parent])
         if not lanes:
             break
-        out = drafter.run_head(lanes, torch.stack(inputs))  # [R, hidden]
-        ranked_rows = top_candidates(drafter.vocabulary, out, shape.top_k)
+        out = run_head(lanes, torch.stack(inputs))  # [R, hidden]
+        ranked_rows = top_candidates(vocabulary, out, shape.top_k)
         row = 0
         for lane, rows in zip(owners, lanes, strict=True):
             states[lane].head_rows += rows.num_rows
@@ -77,7 +92,7 @@ def grow_trees(drafter: MtpDrafter, states: list[MtpState], budgets: list[int], 
     return [search.tree() for search in searches]
 
 
-def _tree_rows(state: MtpState, search: HeadTreeSearch, nodes: list[int], slots: dict[int, int]) -> HeadRows:
+def _tree_rows(state: HeadLane, search: HeadTreeSearch, nodes: list[int], slots: dict[int, int]) -> HeadRows:
     """One depth's grown nodes of a lane as tree rows after the scratch slots already used."""
     token_ids, positions, scratch = [], [], []
     for node in nodes:

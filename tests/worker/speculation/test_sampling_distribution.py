@@ -22,9 +22,8 @@ import torch
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import make_tiny_model_with_mtp, one_torch_thread
 from worker.drafters.registry import DraftOptions, load_drafter
-from worker.engine.drafter_protocol import Drafter
 from worker.drafters.suffix import SuffixDrafter, SuffixOptions
-from worker.engine.drafter_protocol import TargetStates
+from worker.engine.drafter_protocol import Drafter, TargetStates
 from worker.engine.logits_processing import process_logits
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
