@@ -273,9 +273,10 @@ class MtpDrafter:
         return state.cache.num_bytes + hidden.numel() * hidden.element_size()
 
     # A prefix of N tokens determines the pairs (h_t, x_{t+1}) for t < N-1 and h_{N-1}, but not
-    # the last pair: x_N lies past the prefix. So a snapshot keeps the slots of pairs t < N-1,
-    # the target hidden states h_0..h_{N-1} and tokens x_0..x_{N-1} (which also let a snapshot be
-    # cut shorter); the lane that imports it catches up on the rest as any lane does.
+    # the last pair: x_N lies past the prefix. So a snapshot keeps the slots of pairs t < N-1 up to
+    # the first hole a restart left (what a cold lane holds after its prefill), the target hidden
+    # states h_0..h_{N-1} and tokens x_0..x_{N-1} (which also let a snapshot be cut shorter); the
+    # lane that imports it runs the pairs after those, as the prompt's, when it next observes or drafts.
 
     def export_prefix(self, state: MtpState, num_tokens: int) -> MtpState:
         assert 0 < num_tokens <= state.num_observed, (num_tokens, state.num_observed)
