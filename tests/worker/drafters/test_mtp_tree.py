@@ -142,3 +142,50 @@ def test_under_auto_the_head_sleeps_while_the_suffix_drafts():
         outputs.append(sequence.output_ids)
     assert sleeping_steps >= 4, "the suffix drafted the repeated request while the head slept"
     assert outputs[0] == outputs[1]
+
+
+def test_a_prefix_snapshot_after_a_restart_drafts_what_a_cold_lane_drafts():
+    """A head that skipped pairs has a hole in its cache; a snapshot of a prefix past the hole keeps
+    the slots before it, and the lane importing it runs the rest as its prompt: it drafts as a lane
+    that prefilled the same tokens cold."""
+    model = target("qwen3")
+    drafter = load_drafter("mtp", model, DraftOptions())
+    assert isinstance(drafter, MtpDrafter)
+    runner = ModelRunner(model.decoder, [], drafter)
+    origin = runner.start("origin", PROMPT, GREEDY)
+    runner.prefill(origin, 64)
+    runner.decode_step(origin)
+    origin.draft_limit = 0
+    for _ in range(DORMANT_STEPS):
+        runner.decode_step(origin)
+    origin.draft_limit = None
+    runner.decode_step(origin)  # the restart: the pairs before the latest RESTART_CONTEXT are skipped
+    state = origin.drafter_state
+    assert state.slot_positions != list(range(len(state.slot_positions))), "a hole"
+    num_tokens = origin.cache.length
+    prompt = origin.token_ids[: num_tokens + 1]
+    target_half, snapshot = runner.export_prefix(origin, num_tokens)
+    warm = runner.start("warm", prompt, GREEDY)
+    runner.attach_prefix(warm, target_half, snapshot)
+    cold = runner.start("cold", prompt, GREEDY)
+    while cold.num_to_prefill:
+        runner.prefill(cold, 64)
+    warm_draft = drafter.propose(warm.drafter_state, warm)
+    cold_draft = drafter.propose(cold.drafter_state, cold)
+    assert warm_draft is not None and cold_draft is not None
+    assert warm_draft.tokens == cold_draft.tokens
+    torch.testing.assert_close(warm.drafter_state.next_hidden, cold.drafter_state.next_hidden, rtol=0, atol=1e-9)
+
+
+def test_auto_drafts_the_heads_tree_where_rows_are_free():
+    model = target("qwen3")
+    runner = ModelRunner(model.decoder, [], load_drafter("auto", model, DraftOptions()))
+    picker = runner.drafter
+    assert isinstance(picker, SourcePicker) and picker.row_price == 0.0
+    sequence = runner.start("fresh", PROMPT, GREEDY)  # nothing to match: the head drafts
+    runner.prefill(sequence, 64)
+    tree = picker.propose(sequence.drafter_state, sequence)
+    assert tree is not None and tree.source == "mtp" and tree.num_nodes == 8 and not tree.is_chain
+    picker.row_price = 0.4  # rows dear: a short chain is worth more than the tree
+    tree = picker.propose(sequence.drafter_state, sequence)
+    assert tree is not None and tree.is_chain and tree.num_nodes < 8
