@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import speculation_checkpoints
 from tests.worker.drafters.test_mtp import PROMPT, Reference, _run_prefill, mtp_folder, target, without_embedded_head
+from worker.drafters.head_rows import HeadRows
 from worker.drafters.mtp import RESTART_CONTEXT, MtpDrafter
 from worker.drafters.picker import SourcePicker
 from worker.drafters.registry import DraftOptions, load_drafter
@@ -31,15 +32,45 @@ def _one_thread():
         yield
 
 
-def reference_top(reference: Reference, committed: list[int], root: int, path: list[int], k: int) -> list[int]:
-    """The head's k likeliest tokens after root + path, recomputed from scratch."""
+def reference_output(reference: Reference, committed: list[int], root: int, path: list[int]) -> torch.Tensor:
+    """[hidden]: the head's normed output after root + path (its logits guess the next token), from scratch."""
     hidden = reference._target_hidden(committed)  # [L, hidden]
     next_ids = committed[1:] + [root]
     g = reference._head(torch.tensor(next_ids), hidden)
     for token in path:
         next_ids, hidden = next_ids + [token], torch.cat([hidden, g[-1:]])
         g = reference._head(torch.tensor(next_ids), hidden)
-    return reference.target.lm_head(g[-1]).topk(k).indices.tolist()
+    return g[-1]
+
+
+def reference_top(reference: Reference, committed: list[int], root: int, path: list[int], k: int) -> list[int]:
+    """The head's k likeliest tokens after root + path, recomputed from scratch."""
+    return reference.target.lm_head(reference_output(reference, committed, root, path)).topk(k).indices.tolist()
+
+
+def recording_tree_rows(drafter: MtpDrafter) -> list[tuple[list[int], torch.Tensor]]:
+    """(path, head output) of every tree row the drafter runs from now on; a row's path is the
+    tokens of the rows in the scratch slots it sees, then its own."""
+    rows: list[tuple[list[int], torch.Tensor]] = []
+    run_head = drafter.run_head
+
+    def recording(lanes: list[HeadRows], hidden: torch.Tensor) -> torch.Tensor:
+        out = run_head(lanes, hidden)
+        first = 0
+        for lane in lanes:
+            if lane.scratch is not None:
+                if lane.start == lane.cache.length:  # the tree's first forward: its scratch starts empty
+                    slot_tokens.clear()
+                for row in range(lane.num_rows):
+                    slot_tokens[lane.start + row] = lane.token_ids[row]
+                    path = [slot_tokens[slot] for slot in lane.scratch[row]] + [lane.token_ids[row]]
+                    rows.append((path, out[first + row]))
+            first += lane.num_rows
+        return out
+
+    slot_tokens: dict[int, int] = {}
+    drafter.run_head = recording  # type: ignore[method-assign]
+    return rows
 
 
 def children(tree: DraftTree, node: int) -> list[int]:
@@ -55,11 +86,16 @@ def test_each_nodes_children_are_the_heads_likeliest_after_its_path(tmp_path, fa
     drafter = load_drafter("mtp-tree", model, DraftOptions(draft=head, tree_budget=8, tree_top_k=3))
     assert isinstance(drafter, MtpDrafter) and drafter.name == "mtp-tree"
     runner, sequence = _run_prefill(model, drafter)
-    branched = 0
+    rows = recording_tree_rows(drafter)
+    branched = deep = 0
     for _ in range(3):  # after the prefill, then after decode steps that committed trees' paths
+        rows.clear()
         tree = drafter.propose(sequence.drafter_state, sequence)
         assert tree is not None and tree.num_nodes == 8
         committed, root = sequence.token_ids[:-1], sequence.root_token
+        for path, output in rows:  # every row grown, siblings and cousins in one forward
+            torch.testing.assert_close(output, reference_output(reference, committed, root, path), rtol=0, atol=1e-5)
+            deep += len(path) > 1
         for node in [ROOT, *range(tree.num_nodes)]:
             path = [] if node == ROOT else [tree.tokens[i] for i in tree.path_to(node)]
             got = children(tree, node)
@@ -69,6 +105,7 @@ def test_each_nodes_children_are_the_heads_likeliest_after_its_path(tmp_path, fa
         assert sequence.drafter_state.cache.length == sequence.cache.length  # scratch slots only
         runner.decode_step(sequence)
     assert branched, "a random head is unsure: its trees branch"
+    assert deep, "rows below depth 1 were grown (they see their ancestors' scratch slots only)"
 
 
 def test_a_top1_tree_is_the_chain():
