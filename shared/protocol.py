@@ -210,7 +210,7 @@ class FinalStats(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    speculation: str | None = None  # the worker's mode: mtp, tree, dflash, ngram, suffix, none
+    speculation: str | None = None  # the worker's mode: auto, mtp, mtp-tree, tree, dflash, ngram, suffix, none
     target_forwards: int = 0
     drafts: int = 0
     draft_tokens: int = 0

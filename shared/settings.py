@@ -22,7 +22,7 @@ from shared.structured_output import JsonWhitespace
 from shared.tool_call_grammar import ToolFormat
 
 Quantize = Literal["auto", "none", "int8", "int4"]
-Speculation = Literal["auto", "mtp", "tree", "dflash", "ngram", "suffix", "none"]
+Speculation = Literal["auto", "mtp", "mtp-tree", "tree", "dflash", "ngram", "suffix", "none"]
 Kernels = Literal["auto", "native", "native-int8", "torch"]  # worker/kernels/cpu_features.py
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The one default speculation mode: the worker's setting, `arbor up`, `arbor generate`, compose and
@@ -137,8 +137,8 @@ class WorkerSettings(BaseSettings):
     model: str = Field(DEFAULT_MODEL_NAME, validation_alias="MODEL")
     # DRAFT: drafter checkpoint (MTP head or DFlash folder)
     draft: str | None = Field(None, validation_alias="DRAFT")
-    # SPECULATION: `auto`, `mtp`, `tree`, `dflash`, `ngram`, `suffix` or `none`; every entry point (arbor up,
-    # arbor generate, compose, Kubernetes) defaults to DEFAULT_SPECULATION
+    # SPECULATION: `auto`, `mtp`, `mtp-tree`, `tree`, `dflash`, `ngram`, `suffix` or `none`; every entry point
+    # (arbor up, arbor generate, compose, Kubernetes) defaults to DEFAULT_SPECULATION
     speculation: Speculation = Field(DEFAULT_SPECULATION, validation_alias="SPECULATION")
     # ARBOR_SERVED_MODEL_NAME: the `model` clients send, then aliases: `qwen,claude-sonnet-4-5`
     # (`--served-model-name`)
@@ -164,7 +164,7 @@ class WorkerSettings(BaseSettings):
     adaptive_speculation: bool = True
     # ARBOR_PREFILL_CACHE_BYTES: paired prefill cache budget (0 disables)
     prefill_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
-    # ARBOR_TREE_BUDGET: draft-tree nodes (modes `tree` and `suffix`)
+    # ARBOR_TREE_BUDGET: draft-tree nodes (modes `tree`, `mtp-tree` and `suffix`, the head's trees under `auto`)
     tree_budget: int = Field(8, ge=1)
     # ARBOR_STREAM_INTERVAL: tokens per streamed delta after the first (vLLM's `--stream-interval`); 1 streams
     # every step

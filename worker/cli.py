@@ -73,7 +73,7 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draft chain length (default: 3 for mtp and ngram, block_size - 1 for dflash)",
     )
-    parser.add_argument("--tree-budget", type=int, default=8, help="nodes in a draft tree (tree, suffix)")
+    parser.add_argument("--tree-budget", type=int, default=8, help="nodes in a draft tree (tree, mtp-tree, suffix)")
 
 
 def add_precision_arguments(parser: argparse.ArgumentParser, default: str | None = "auto") -> None:

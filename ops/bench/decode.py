@@ -142,6 +142,7 @@ def _draft_options(mode: str, config: DecodeConfig) -> DraftOptions:
     draft = {
         "auto": config.draft_mtp,
         "mtp": config.draft_mtp,
+        "mtp-tree": config.draft_mtp,
         "dflash": config.draft_dflash,
         "tree": config.draft_dflash,
     }.get(mode)

@@ -7,9 +7,13 @@ depend only on the weights and the arithmetic, not on the machine's load. Accept
 vLLM's: 1 + accepted ÷ drafts (drafts: forwards that verified a non-empty draft). A drafter
 that breaks (a head loaded wrong, a draft vocabulary off by one, a tree policy that stops
 branching) moves it by far more than float noise between CPUs; the tolerance is the latter.
+Beside it each mode's figures say how deep its drafts get: `reach_by_depth[d]`, the share of
+drafts whose accepted path reached depth d+1, and `conditional_by_depth[d]`, of those that
+reached depth d, the share that went on to d+1 (worker.speculation.acceptance's p_{d+1}).
 
     python -m ops.eval.acceptance            # measure and compare with the record
     python -m ops.eval.acceptance --record   # measure and write the record (after a deliberate change)
+    python -m ops.eval.acceptance --modes mtp,mtp-tree --record   # re-record those modes, keep the others
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from ops.training.prompts import HELD_OUT
 
 RECORD = Path(__file__).with_name("acceptance_lengths.json")
-MODES = ("mtp", "dflash", "tree", "ngram", "suffix", "auto")
+MODES = ("mtp", "mtp-tree", "dflash", "tree", "ngram", "suffix", "auto")
 NUM_PROMPTS = 6
 MAX_TOKENS = 64
 TOLERANCE = 0.05  # relative: float32 on another CPU may flip a near-tie, never shift a drafter this much
@@ -46,8 +50,20 @@ def measure(modes: tuple[str, ...] = MODES, num_prompts: int = NUM_PROMPTS, max_
         figures[mode] = {
             "acceptance_length": round(total.acceptance_length, 4),
             "tokens_per_forward": round(total.tokens_per_forward, 4),
+            **depth_figures(total.accepted_per_depth, total.drafts),
         }
     return figures
+
+
+def depth_figures(accepted_per_depth: list[int], num_drafts: int) -> dict[str, list[float]]:
+    """How deep the drafts got: the share reaching each depth, and each depth's conditional rate."""
+    reach = [count / num_drafts for count in accepted_per_depth] if num_drafts else []
+    before = [1.0, *reach[:-1]]
+    conditional = [r / b if b else 0.0 for r, b in zip(reach, before, strict=True)]
+    return {
+        "reach_by_depth": [round(r, 4) for r in reach],
+        "conditional_by_depth": [round(c, 4) for c in conditional],
+    }
 
 
 def compare(measured: dict, recorded: dict, tolerance: float = TOLERANCE) -> list[str]:
@@ -71,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     measured = measure(tuple(args.modes.split(",")))
     print(json.dumps(measured, indent=2))
-    if args.record:
-        RECORD.write_text(json.dumps(measured, indent=2, sort_keys=True) + "\n")
+    if args.record:  # the modes measured replace their records; the others keep theirs
+        recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+        RECORD.write_text(json.dumps(recorded | measured, indent=2, sort_keys=True) + "\n")
         return 0
     problems = compare(measured, json.loads(RECORD.read_text()))
     for line in problems:

@@ -69,6 +69,7 @@ def fake_sequence(length: int):
 
     class Sequence:
         cache = Cache()
+        num_tokens = length  # the prompt: the drafter observes it eagerly
         draft_limit = None  # adaptive speculation's: the drafter drafts all it would
 
     return Sequence()

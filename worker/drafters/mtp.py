@@ -38,12 +38,15 @@ from worker.drafters.draft_checkpoint import (
     read_draft_checkpoint,
 )
 from worker.drafters.draft_vocab import DraftVocabulary, read_draft_vocabulary
+from worker.drafters.head_rows import HeadRows
 from worker.drafters.hybrid_mtp_head import HybridMtpHead, HybridMtpLayer
+from worker.drafters.mtp_native import fused_head_layer, head_in_target_format, run_fused_layer
+from worker.drafters.mtp_tree import TreeShape, grow_trees
 from worker.engine.drafter_protocol import DrafterError, TargetStates
 from worker.engine.sequence import Sequence
-from worker.kernels.native_linear import drafter_on_native, native_linear_of
+from worker.kernels.fused_layers import FusedLayers
 from worker.models.config import ModelConfig
-from worker.models.decoder import DecoderLayer, LaneRows, RMSNorm, lane_spans
+from worker.models.decoder import DecoderLayer, RMSNorm, Span
 from worker.models.hybrid.config import HybridConfig
 from worker.models.hybrid.gated_attention import attention_view, partial_rotary
 from worker.models.kv_cache import INITIAL_TOKENS, KVCache
@@ -56,6 +59,9 @@ if TYPE_CHECKING:
 
 MTP_PREFIX = "mtp."
 DEFAULT_NUM_DRAFT = 3
+# Pairs a head that slept through a stretch (it did not draft) runs when it drafts again: the
+# latest ones. Enough for its attention's recent context; its cost is bounded, not the stretch's.
+RESTART_CONTEXT = 32
 HIDDEN_SOURCES = ("post_norm", "pre_norm", "fused_layers")
 TARGET_LAYERS_KEY = "mtp_target_layers"  # config.json: the layers an EAGLE-3-style head fuses
 # Which target hidden state the head is conditioned on: "post_norm" is the last layer's output
@@ -89,17 +95,34 @@ class MtpHead(nn.Module):
 
 @dataclass(slots=True)
 class MtpState:
-    cache: KVCache  # one layer; slot t holds the pair (h_t, x_{t+1}) for every committed t
-    target_hidden: torch.Tensor  # [max_tokens, hidden]: h_t for every committed t (prefix snapshots need it)
-    next_hidden: torch.Tensor | None = None  # [hidden] normed head output for the last pair: step 1's g
-    num_observed: int = 0  # committed tokens whose h_t is in target_hidden
-    # observations deferred while the lane does not draft (adaptive speculation): the head runs
-    # over them in one forward when it drafts again, instead of once a step for nothing
-    pending: list[TargetStates] = field(default_factory=list)
+    cache: KVCache  # one layer; its slots hold pairs (h_t, x_{t+1}), in order of t, with holes (head_rows.py)
+    target_hidden: torch.Tensor  # [allocated, hidden]: h_t of every committed t (for catching up, snapshots)
+    token_ids: list[int] = field(default_factory=list)  # x_t of every committed t (x_{t+1} of pair t)
+    next_token: int = -1  # the root: x of the last committed pair
+    num_observed: int = 0  # committed tokens, all with h_t in target_hidden
+    num_paired: int = 0  # pairs t < num_paired are in the cache or were skipped by a restart
+    slot_positions: list[int] = field(default_factory=list)  # [cache.length]: each slot's pair t
+    next_hidden: torch.Tensor | None = None  # [hidden] normed head output for the last pair (valid once caught up)
+    prefill_end: int = 0  # tokens before the root at start: observations below it are the prompt's
+    drafted: bool = False  # the head drafted for the step being committed: it is likely to draft again
+    head_rows: int = 0  # rows the head has run for this lane, drafting included (what a dormant head costs)
+
+    @property
+    def caught_up(self) -> bool:
+        return self.num_paired == self.num_observed
 
 
 class MtpDrafter:
-    name = "mtp"
+    """Drafts a chain (`mtp`) or a best-first tree (`mtp-tree`: `tree_budget` set) from the head.
+
+    When the head observes: eagerly (one forward over a step's committed pairs, batched over the
+    lanes) while it is useful, that is over the prompt and after a step it drafted for; lazily
+    otherwise: a lane whose steps are drafted by another source (auto's suffix decoding) or not
+    at all (adaptive speculation at this load) keeps only the target's hidden states, which the
+    target computed anyway. When the head drafts again it catches up on the pairs it slept
+    through, at most RESTART_CONTEXT of them (the latest): the cost of a dormant stretch is
+    bounded whatever its length, and its context keeps the prompt and what it saw before.
+    """
 
     def __init__(
         self,
@@ -111,12 +134,19 @@ class MtpDrafter:
         num_draft: int = DEFAULT_NUM_DRAFT,
         draft_vocab: torch.Tensor | None = None,
         target_layers: tuple[int, ...] = (),  # "fused_layers": the layers target_fc fuses, in its order
+        tree: TreeShape | None = None,
+        fused: FusedLayers | None = None,
     ):
         assert hidden_source in HIDDEN_SOURCES, hidden_source
         assert (hidden_source == "fused_layers") == bool(target_layers), (hidden_source, target_layers)
         self.head, self.embed_tokens, self.lm_head = head, embed_tokens, lm_head
         self.vocabulary = DraftVocabulary(lm_head, draft_vocab)
         self.hidden_source, self.num_draft = hidden_source, num_draft
+        self.tree_shape = tree or TreeShape()  # what a tree from the head may be (auto asks for trees too)
+        self.tree_mode = tree is not None
+        self.name = "mtp-tree" if self.tree_mode else "mtp"
+        self.tree_budget: int | None = self.tree_shape.budget if self.tree_mode else None  # rows a verification needs
+        self.fused = fused  # the head's layer as one native call (mtp_native.py), or None: per op
         last_layer = target_config.num_hidden_layers - 1
         self.hidden_layers: tuple[int, ...] = (last_layer,) if hidden_source == "pre_norm" else target_layers
         self.wants_final_hidden = hidden_source == "post_norm"
@@ -134,155 +164,160 @@ class MtpDrafter:
         max_tokens = sequence.cache.max_tokens
         rows = min(max_tokens, INITIAL_TOKENS)  # both grow with the lane (KVCache.reserve, _hidden_room)
         hidden = torch.empty(rows, self.cache_config.hidden_size, dtype=weight.dtype, device=weight.device)
-        return MtpState(KVCache(self.cache_config, max_tokens, weight.dtype, weight.device), hidden)
+        cache = KVCache(self.cache_config, max_tokens, weight.dtype, weight.device)
+        return MtpState(cache, hidden, prefill_end=sequence.num_tokens - 1)
 
     def observe(self, state: MtpState, committed: TargetStates) -> None:
-        """Commit the pairs (h_t, x_{t+1}) for the committed tokens; the last pair pairs with the new root."""
+        """Keep the committed tokens' h_t; run the head over their pairs now if it is likely to draft next."""
         self.observe_many([(state, committed)])
 
     @torch.inference_mode()
-    def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
-        """Chain num_draft steps; steps after the first write scratch slots past the committed length."""
-        self._flush([(state, sequence)])
-        hidden = state.next_hidden
-        if hidden is None:  # nothing committed yet (a one-token prompt)
-            return None
-        vocabulary = self.vocabulary
-        tokens = [int(vocabulary.to_target(vocabulary.logits(hidden).argmax()))]
-        position = state.cache.length
-        for _ in range(self._num_draft(sequence) - 1):
-            out = self._run(state.cache, [tokens[-1]], hidden[None], position)
-            hidden = out[0]
-            tokens.append(int(vocabulary.to_target(vocabulary.logits(hidden).argmax())))
-            position += 1
-        return DraftTree.chain(tokens)
-
-    @torch.inference_mode()
     def observe_many(self, items: list[tuple[MtpState, TargetStates]]) -> None:
-        """`observe` for several lanes: one head forward over all their pairs."""
-        merged = [(state, self._with_pending(state, committed)) for state, committed in items]
-        items = [(state, committed) for state, committed in merged if committed is not None]
-        if not items:
-            return
-        hidden = [self._target_hidden(committed) for _, committed in items]  # [n_i, hidden] each
-        lanes = []
+        """`observe` for several lanes: one head forward over all the eager lanes' pairs."""
+        eager = []
         for state, committed in items:
-            assert committed.start == state.cache.length, (committed.start, state.cache.length)
-            next_ids = committed.token_ids[1:] + [committed.next_token]
-            positions = list(range(committed.start, committed.start + len(next_ids)))
-            lanes.append(LaneRows(next_ids, positions, state.cache))
-        out = self._run_lanes(lanes, torch.cat(hidden))
-        first = 0
-        for (state, committed), lane, lane_hidden in zip(items, lanes, hidden, strict=True):
-            num = len(lane.token_ids)
-            state.cache.commit(num)
+            assert committed.start == state.num_observed, (committed.start, state.num_observed)
+            num = len(committed.token_ids)
             _hidden_room(state, committed.start + num)
-            state.target_hidden[committed.start : committed.start + num] = lane_hidden
-            state.num_observed = committed.start + num
-            state.next_hidden = out[first + num - 1]
-            first += num
+            state.target_hidden[committed.start : committed.start + num] = self._target_hidden(committed)
+            state.token_ids.extend(committed.token_ids)
+            state.next_token, state.num_observed = committed.next_token, committed.start + num
+            if committed.start < state.prefill_end or state.drafted:
+                eager.append(state)
+            state.drafted = False
+        self.catch_up(eager)
+
+    def catch_up(self, states: list[MtpState]) -> None:
+        """Run the head over every pair each lane has not seen (the latest RESTART_CONTEXT at most)."""
+        behind = [state for state in states if not state.caught_up]
+        if not behind:
+            return
+        lanes = [self._pairs_to_run(state) for state in behind]
+        pairs = zip(behind, lanes, strict=True)
+        hidden = torch.cat([state.target_hidden[lane.positions] for state, lane in pairs])  # [R, hidden]: h_t of each
+        out = self.run_head(lanes, hidden)  # [R, hidden]
+        last = -1
+        for state, lane in zip(behind, lanes, strict=True):
+            last += lane.num_rows
+            state.cache.commit(lane.num_rows)
+            state.head_rows += lane.num_rows
+            state.slot_positions.extend(lane.positions)
+            state.num_paired = state.num_observed
+            state.next_hidden = out[last]
+
+    def _pairs_to_run(self, state: MtpState) -> HeadRows:
+        """The pairs the head has not seen, as a run after its committed slots. A stretch the
+        lane generated while the head slept is skipped but for its last RESTART_CONTEXT pairs;
+        the prompt's pairs never are (a lane that imported a prefix snapshot with holes runs
+        them, as a cold lane would have during its prefill)."""
+        recent = state.num_observed - RESTART_CONTEXT
+        pairs = [t for t in range(state.num_paired, state.num_observed) if t < state.prefill_end or t >= recent]
+        next_ids = [state.token_ids[t + 1] if t + 1 < state.num_observed else state.next_token for t in pairs]
+        return HeadRows(state.cache, next_ids, pairs, state.cache.length)
+
+    def propose(self, state: MtpState, sequence: Sequence) -> DraftTree | None:
+        return self.propose_many([(state, sequence)])[0]
 
     @torch.inference_mode()
     def propose_many(self, items: list[tuple[MtpState, Sequence]]) -> list[DraftTree | None]:
-        """`propose` for several lanes: each draft step is one head forward and one logits product for all."""
-        self._flush(items)
-        ready = [i for i, (state, _) in enumerate(items) if state.next_hidden is not None]
-        drafts: list[list[int]] = [[] for _ in items]
-        if not ready:
-            return [None] * len(items)
-        wanted = {i: self._num_draft(items[i][1]) for i in ready}
-        hidden = torch.stack([items[i][0].next_hidden for i in ready])  # type: ignore[misc]  # [B, hidden]
-        active = ready
-        for depth in range(max(wanted.values())):
+        """Each lane's chain, or tree in `mtp-tree` mode (at most its draft limit's nodes)."""
+        if self.tree_mode:
+            budgets = [_limited(self.tree_shape.budget, sequence.draft_limit) for _, sequence in items]
+            return self.propose_trees([state for state, _ in items], budgets)
+        lengths = [_limited(self.num_draft, sequence.draft_limit) for _, sequence in items]
+        return self.propose_chains([state for state, _ in items], lengths)
+
+    @torch.inference_mode()
+    def propose_chains(self, states: list[MtpState], lengths: list[int]) -> list[DraftTree | None]:
+        """A greedy chain of lengths[i] tokens for lane i: each draft step is one head forward and
+        one logits product for all lanes; steps after the first write scratch slots past the committed pairs."""
+        ready = self._ready(states)
+        drafts: list[list[int]] = [[] for _ in states]
+        active = [i for i in ready if lengths[i] > 0]
+        if not active:
+            return [None] * len(states)
+        hidden = torch.stack([states[i].next_hidden for i in active])  # type: ignore[misc]  # [B, hidden]
+        for depth in range(max(lengths[i] for i in active)):
             if depth > 0:  # the head over each lane's last draft, in scratch slots past its committed pairs
-                lanes = [
-                    LaneRows([drafts[i][-1]], [items[i][0].cache.length + depth - 1], items[i][0].cache) for i in active
-                ]
-                starts = [lane.positions[0] for lane in lanes]
-                hidden = self._run_lanes(lanes, hidden, starts)
+                lanes = [self._draft_row(states[i], [drafts[i][-1]], depth) for i in active]
+                hidden = self.run_head(lanes, hidden)
+                for i in active:
+                    states[i].head_rows += 1
             vocabulary = self.vocabulary
             tokens = vocabulary.to_target(vocabulary.logits(hidden).argmax(dim=-1)).tolist()
             for i, token in zip(active, tokens, strict=True):
                 drafts[i].append(int(token))
-            keep = [j for j, i in enumerate(active) if len(drafts[i]) < wanted[i]]
+            keep = [j for j, i in enumerate(active) if len(drafts[i]) < lengths[i]]
             active = [active[j] for j in keep]
             if not active:
                 break
             hidden = hidden[keep]
         return [DraftTree.chain(tokens) if tokens else None for tokens in drafts]
 
-    def _with_pending(self, state: MtpState, committed: TargetStates) -> TargetStates | None:
-        """`committed` with the deferred observations before it, as one; None: defer it too."""
-        if not committed.drafting:
-            state.pending.append(self._compact(committed))
-            return None
-        if not state.pending:
-            return committed
-        parts, state.pending = [*state.pending, committed], []
-        token_ids = [token for part in parts for token in part.token_ids]
-        return self._states(token_ids, parts[0].start, parts, committed.next_token, torch.cat)
+    @torch.inference_mode()
+    def propose_trees(self, states: list[MtpState], budgets: list[int]) -> list[DraftTree | None]:
+        """A best-first tree of budgets[i] nodes for lane i (mtp_tree.py)."""
+        ready = self._ready(states)
+        trees: list[DraftTree | None] = [None] * len(states)
+        active = [i for i in ready if budgets[i] > 0]
+        if active:
+            lanes = [states[i] for i in active]
+            grown = grow_trees(self.run_head, self.vocabulary, lanes, [budgets[i] for i in active], self.tree_shape)
+            for i, tree in zip(active, grown, strict=True):
+                trees[i] = tree
+        return trees
 
-    def _compact(self, committed: TargetStates) -> TargetStates:
-        """A copy holding only the rows this drafter reads (not a view into the step's tensors)."""
-        return self._states(
-            committed.token_ids, committed.start, [committed], committed.next_token, lambda rows: rows[0].clone()
-        )
+    def _ready(self, states: list[MtpState]) -> list[int]:
+        """Catch the lanes up and mark them drafting; the indices of those with a pair to draft from."""
+        self.catch_up(states)
+        for state in states:
+            state.drafted = True
+        return [i for i, state in enumerate(states) if state.next_hidden is not None]
 
-    def _states(
-        self, token_ids: list[int], start: int, parts: list[TargetStates], next_token: int, join
-    ) -> TargetStates:
-        """TargetStates with the rows this drafter reads from `parts`, each field's rows `join`ed."""
-        layers = {layer: join([part.hidden[layer] for part in parts]) for layer in self.hidden_layers}
-        final = join([part.final_hidden for part in parts]) if self.wants_final_hidden else None
-        return TargetStates(token_ids, start, layers, final, next_token)
-
-    def _flush(self, items: list[tuple[MtpState, Sequence]]) -> None:
-        """Run the head over the observations lanes deferred, before they draft."""
-        waiting = [(state, state.pending.pop()) for state, _ in items if state.pending]
-        if waiting:
-            for _, last in waiting:
-                last.drafting = True
-            self.observe_many(waiting)
-
-    def _num_draft(self, sequence: Sequence) -> int:
-        limit = sequence.draft_limit
-        return self.num_draft if limit is None else min(self.num_draft, limit)
+    def _draft_row(self, state: MtpState, token_ids: list[int], depth: int) -> HeadRows:
+        """A chain's row at `depth` (>= 1): pair (g, x) at position num_observed - 1 + depth."""
+        slot = state.cache.length + depth - 1
+        return HeadRows(state.cache, token_ids, [state.num_observed - 1 + depth], slot)
 
     def state_bytes(self, state: MtpState) -> int:
         hidden = state.target_hidden
         return state.cache.num_bytes + hidden.numel() * hidden.element_size()
 
     # A prefix of N tokens determines the pairs (h_t, x_{t+1}) for t < N-1 and h_{N-1}, but not
-    # the last pair: x_N lies past the prefix. So a snapshot keeps pairs [0, N-1) plus the target
-    # hidden states h_0..h_{N-1} (the latter also let a snapshot be cut shorter), and importing
-    # runs the head over (h_{N-1}, x_N) with x_N read from the new sequence, as observe would.
+    # the last pair: x_N lies past the prefix. So a snapshot keeps the slots of pairs t < N-1 up to
+    # the first hole a restart left (what a cold lane holds after its prefill), the target hidden
+    # states h_0..h_{N-1} and tokens x_0..x_{N-1} (which also let a snapshot be cut shorter); the
+    # lane that imports it runs the pairs after those, as the prompt's, when it next observes or drafts.
 
     def export_prefix(self, state: MtpState, num_tokens: int) -> MtpState:
         assert 0 < num_tokens <= state.num_observed, (num_tokens, state.num_observed)
         weight = self.embed_tokens.weight
-        num_pairs = num_tokens - 1
+        num_slots = _unbroken_slots(state.slot_positions, num_tokens - 1)
         snapshot = MtpState(
-            KVCache(self.cache_config, max(num_pairs, 1), weight.dtype, weight.device),
+            KVCache(self.cache_config, max(num_slots, 1), weight.dtype, weight.device),
             state.target_hidden[:num_tokens].clone(),
+            state.token_ids[:num_tokens],
             num_observed=num_tokens,
+            num_paired=num_slots,
+            slot_positions=state.slot_positions[:num_slots],
         )
-        snapshot.cache.load_prefix(state.cache.keys[:, :, :num_pairs], state.cache.values[:, :, :num_pairs])
+        if num_slots:
+            snapshot.cache.load_prefix(state.cache.keys[:, :, :num_slots], state.cache.values[:, :, :num_slots])
         return snapshot
 
     @torch.inference_mode()
     def import_prefix(self, sequence: Sequence, snapshot: MtpState) -> MtpState:
         state = self.start(sequence)
-        num_tokens = snapshot.num_observed
-        num_pairs = num_tokens - 1
-        state.cache.load_prefix(snapshot.cache.keys[:, :, :num_pairs], snapshot.cache.values[:, :, :num_pairs])
+        num_tokens, num_slots = snapshot.num_observed, len(snapshot.slot_positions)
+        if num_slots:
+            state.cache.load_prefix(snapshot.cache.keys[:, :, :num_slots], snapshot.cache.values[:, :, :num_slots])
         _hidden_room(state, num_tokens)
         state.target_hidden[:num_tokens] = snapshot.target_hidden[:num_tokens]
-        state.num_observed = num_tokens
-        last_hidden = snapshot.target_hidden[num_pairs:num_tokens]  # [1, hidden]: h_{N-1}
-        out = self._run(state.cache, [sequence.token_ids[num_tokens]], last_hidden, num_pairs)  # x_N
-        state.cache.commit(1)
-        state.next_hidden = out[-1]  # its logits wait for propose: a step that does not draft skips the head
-        return state
+        state.token_ids = list(snapshot.token_ids)
+        state.next_token = sequence.token_ids[num_tokens]  # x_N
+        state.num_observed, state.num_paired = num_tokens, snapshot.num_paired
+        state.slot_positions = list(snapshot.slot_positions)
+        return state  # the pairs left (at least the last) run with the next eager observation or draft
 
     def _target_hidden(self, committed: TargetStates) -> torch.Tensor:
         """The head's step-1 hidden input for the committed rows [n, hidden]."""
@@ -294,28 +329,40 @@ class MtpDrafter:
         layers = torch.cat([committed.hidden[layer] for layer in self.hidden_layers], dim=-1)  # [n, k * hidden]
         return self.head.get_submodule("target_fc")(layers)
 
-    def _run(self, cache: KVCache, token_ids: list[int], hidden: torch.Tensor, start: int) -> torch.Tensor:
-        """The head over T pairs at positions [start, start+T); K/V written to those (uncommitted) slots."""
-        lane = LaneRows(token_ids, list(range(start, start + len(token_ids))), cache)
-        return self._run_lanes([lane], hidden, [start])  # [T, hidden]
-
-    def _run_lanes(self, lanes: list[LaneRows], hidden: torch.Tensor, starts: list[int] | None = None) -> torch.Tensor:
-        """The head over several lanes' rows at once ([R, hidden] in, out), each lane's attention
-        over its own cache (`starts`: where each lane's rows go, past its committed pairs)."""
+    def run_head(self, lanes: list[HeadRows], hidden: torch.Tensor) -> torch.Tensor:
+        """The head over several lanes' rows at once ([R, hidden] in, out): pairs (hidden, token),
+        K/V written to each lane's slots from `start` (past its committed ones: not committed here)."""
         head = self.head
         device = hidden.device
+        for lane in lanes:
+            lane.cache.reserve(lane.start + lane.num_rows)
         token_ids = torch.tensor([t for lane in lanes for t in lane.token_ids], device=device)
         embedded = head.pre_fc_norm_embedding(self.embed_tokens(token_ids))  # [R, hidden]
         x = head.fc(torch.cat([embedded, head.pre_fc_norm_hidden(hidden)], dim=-1))  # [R, hidden]
         cos, sin = self.rotary(torch.tensor([p for lane in lanes for p in lane.positions], device=device))
-        layer = head.layers[0]
-        assert isinstance(layer, DecoderLayer | HybridMtpLayer)
-        x = layer.forward_lanes(x, cos, sin, 0, lane_spans(lanes, device, starts), None)
+        fused = self.fused
+        if fused is not None and x.dtype == torch.float32:
+            x = run_fused_layer(fused, x, cos, sin, lanes)
+        else:
+            x = self.run_layer_per_op(x, cos, sin, lanes)
         return head.norm(x)  # [R, hidden]
 
+    def run_layer_per_op(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lanes: list[HeadRows]
+    ) -> torch.Tensor:
+        """The head's layer in PyTorch ops (the reference the fused call is tested against)."""
+        spans, first = [], 0
+        for lane in lanes:
+            spans.append(Span(lane.cache, lane.start, first, lane.num_rows, lane.mask(x.device)))
+            first += lane.num_rows
+        layer = self.head.layers[0]
+        assert isinstance(layer, DecoderLayer | HybridMtpLayer)
+        return layer.forward_lanes(x, cos, sin, 0, spans, None)
 
-def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
-    """The MTP head for `model` (a LoadedModel): from --draft, else the target checkpoint, else bundled."""
+
+def load_mtp_drafter(model: LoadedModel, options: DraftOptions, tree: bool = False) -> MtpDrafter:
+    """The MTP head for `model` (a LoadedModel): from --draft, else the target checkpoint, else
+    bundled; `tree`: it drafts best-first trees of options.tree_budget nodes (`mtp-tree`)."""
     checkpoint = _find_mtp_checkpoint(model, options.draft)
     decoder = model.decoder
     config: ModelConfig | HybridConfig = decoder.config
@@ -329,9 +376,7 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
             )
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
-    native = native_linear_of(decoder.lm_head)
-    if native is not None:  # the head's layer on the target's native kernels, in int4
-        drafter_on_native(head, native)
+    head_in_target_format(head, model.formats, decoder.device)  # the target's rule (mtp_native.py)
     source = "fused_layers" if target_layers else _hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
     return MtpDrafter(
@@ -343,6 +388,8 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions) -> MtpDrafter:
         options.num_draft or DEFAULT_NUM_DRAFT,
         draft_vocab,
         target_layers,
+        TreeShape(options.tree_budget, options.tree_top_k) if tree else None,
+        fused_head_layer(head, config, model.formats) if isinstance(config, ModelConfig) else None,
     )
 
 
@@ -388,6 +435,24 @@ def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConf
     if source not in HIDDEN_SOURCES:
         raise DrafterError(f"{checkpoint.source}: mtp_hidden={source!r} must be one of {', '.join(HIDDEN_SOURCES)}")
     return source
+
+
+def _unbroken_slots(slot_positions: list[int], num_pairs: int) -> int:
+    """Slots holding pairs 0, 1, 2, ... without a hole, of the first `num_pairs` pairs: what a
+    snapshot of a prefix keeps (what a cold lane would hold after its prefill). Positions increase
+    slot by slot, so slot i holds pair i up to the first hole and a later pair after it."""
+    low, high = 0, min(len(slot_positions), num_pairs)
+    while low < high:
+        middle = (low + high) // 2
+        if slot_positions[middle] == middle:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _limited(num_nodes: int, draft_limit: int | None) -> int:
+    return num_nodes if draft_limit is None else min(num_nodes, draft_limit)
 
 
 def _hidden_room(state: MtpState, num_tokens: int) -> None:

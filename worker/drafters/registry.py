@@ -51,6 +51,13 @@ def _mtp(model: LoadedModel, options: DraftOptions) -> Drafter:
     return load_mtp_drafter(model, options)
 
 
+def _mtp_tree(model: LoadedModel, options: DraftOptions) -> Drafter:
+    """The MTP head drafting best-first trees of --tree-budget nodes (worker.drafters.mtp_tree)."""
+    from worker.drafters.mtp import load_mtp_drafter
+
+    return load_mtp_drafter(model, options, tree=True)
+
+
 def _dflash(model: LoadedModel, options: DraftOptions) -> Drafter:
     from worker.drafters.dflash import load_dflash_drafter
 
@@ -66,6 +73,7 @@ def _tree(model: LoadedModel, options: DraftOptions) -> Drafter:
 DRAFTERS: dict[str, Callable[[LoadedModel, DraftOptions], Drafter]] = {
     "auto": _auto,
     "mtp": _mtp,
+    "mtp-tree": _mtp_tree,
     "dflash": _dflash,
     "tree": _tree,
     "ngram": _ngram,

@@ -29,9 +29,6 @@ class TargetStates:
     hidden: dict[int, torch.Tensor]  # layer -> [n, hidden]: output of that decoder layer
     final_hidden: torch.Tensor | None  # [n, hidden], after the final norm
     next_token: int  # the token after the last committed one: the next root
-    # False: the step that committed them did not draft (adaptive speculation), so the next one
-    # may not either; a drafter may defer its work on them until it drafts again
-    drafting: bool = True
 
 
 class Drafter(Protocol):

@@ -328,8 +328,6 @@ class ModelRunner:
             self.logits_observer(sequence, out.logits[kept[: len(emitted)]], emitted)  # row i chose emitted[i]
         sequence.output_ids.extend(emitted)
         work.observed = self._observe(sequence, committed, start, out, kept, next_token=verdict.emitted[-1])
-        if work.observed is not None:
-            work.observed.drafting = sequence.draft_limit != 0
         sequence.stats.record_step(tree.num_nodes, len(verdict.accepted_nodes), len(emitted), work.source)
         work.emitted = emitted
         work.num_accepted = len(verdict.accepted_nodes)

@@ -289,6 +289,33 @@ def test_a_planted_head_has_drafts_accepted_and_rejected_and_gives_plain_greedy_
     assert 0 < stats.accepted_tokens < stats.draft_tokens
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_heads_trees_give_plain_greedy_tokens_and_hold_its_greedy_chain(family):
+    """mtp-tree over a hybrid head: lossless, and each tree's first-child path is the greedy
+    chain's prefix (a tree row's position, slot and parent output are a chain step's)."""
+    model = target(family)
+    tree_drafter = load_drafter("mtp-tree", model, DraftOptions(tree_budget=8, tree_top_k=3))
+    assert isinstance(tree_drafter, MtpDrafter)
+    assert _greedy_run(model, tree_drafter, family).draft_tokens > 0
+    chain_drafter = load_mtp(model, num_draft=4)
+    runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, tree_drafter)
+    sequence = runner.start("tree", PROMPT, GREEDY)
+    while sequence.num_to_prefill:
+        runner.prefill(sequence, 5)
+    chain_lane = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, chain_drafter)
+    chained = chain_lane.start("chain", PROMPT, GREEDY)
+    while chained.num_to_prefill:
+        chain_lane.prefill(chained, 5)
+    tree = tree_drafter.propose(sequence.drafter_state, sequence)
+    chain = chain_drafter.propose(chained.drafter_state, chained)
+    assert tree is not None and chain is not None and not tree.is_chain
+    first_children, node = [], -1
+    while (child := next((i for i, parent in enumerate(tree.parents) if parent == node), None)) is not None:
+        first_children.append(tree.tokens[child])
+        node = child
+    assert first_children == chain.tokens[: len(first_children)] and len(first_children) >= 2
+
+
 SAMPLED = [
     SamplingParams(max_tokens=12 + 3 * index, ignore_eos=True, temperature=1.0, top_p=0.9, seed=300 + index)
     for index in range(6)

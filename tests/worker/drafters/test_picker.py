@@ -11,11 +11,12 @@ import pytest
 
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints
-from worker.drafters.picker import SourcePicker
+from worker.drafters.picker import CHAIN, TREE, PickerState, SourcePicker
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.runner import ModelRunner
 from worker.engine.sequence import Sequence
 from worker.models.loader import LoadedModel, load_model
+from worker.speculation.tree import ROOT, DraftTree
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 
@@ -76,15 +77,40 @@ def test_the_heads_acceptance_is_learnt_from_what_was_committed():
     state = sequence.drafter_state
     head = sequence.stats.by_source["mtp"]
     attempts = state.model_acceptance.attempts
-    assert attempts and attempts[0] > 0, "every head draft was scored at depth 1"
-    rate = state.model_acceptance.rate(1, 0.5)
+    assert attempts.get((1, 0), 0.0) > 0, "every head draft was scored at depth 1"
+    rate = state.model_acceptance.rate(1, 0, 0.5)
     assert 0.0 <= rate <= 1.0
     assert head.drafts > 0
-    # a head that was never right is not worth a draft node
+    # a head that was never right, first choice or runner-up, is not worth a draft node
+    refused = DraftTree([5, 6, 7, 8], [ROOT] * 4, [1] * 4)
     for _ in range(30):
-        state.model_acceptance.record(0, offered_next=True)
+        state.model_acceptance.record(refused, [])
     picker.row_price = 0.1
-    assert picker._model_cut(state, 3) == (0, 1.0)
+    assert picker._model_cut(state, 8) == (CHAIN, 0, 1.0)
+
+
+def _taught(first_choice_accepted: bool, runner_up_accepted: bool) -> PickerState:
+    """A lane whose head drafted 40 trees of four depth-1 siblings a child each, with fixed outcomes."""
+    state = PickerState(suffix=None)  # type: ignore[arg-type]  # the head's half only
+    tree = DraftTree(list(range(5, 13)), [ROOT] * 4 + [0, 1, 2, 3], [1] * 4 + [2] * 4)
+    accepted = [0, 4] if first_choice_accepted else [1, 5] if runner_up_accepted else []
+    for _ in range(40):
+        state.model_acceptance.record(tree, accepted)
+    return state
+
+
+def test_a_head_whose_runner_up_is_often_right_drafts_a_tree_where_rows_are_cheap():
+    picker = runner("auto").drafter
+    assert isinstance(picker, SourcePicker)
+    state = _taught(first_choice_accepted=False, runner_up_accepted=True)
+    picker.row_price = 0.05
+    shape, nodes, worth = picker._model_cut(state, 8)
+    assert shape == TREE and nodes >= 2 and worth > 1.5
+    never = _taught(first_choice_accepted=False, runner_up_accepted=False)
+    picker.row_price = 0.1
+    assert picker._model_cut(never, 8) == (CHAIN, 0, 1.0)
+    picker.row_price = 5.0  # rows far dearer than anything they could bring
+    assert picker._model_cut(state, 8) == (CHAIN, 0, 1.0)
 
 
 def test_a_dearer_row_cuts_the_draft_shorter():

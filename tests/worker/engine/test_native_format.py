@@ -16,18 +16,22 @@ from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread, speculation_checkpoints
 from tests.worker.engine.test_batched_engine import lanes_for, run_batched
 from tests.worker.speculation.test_lossless import FAMILIES, decode, make_prompts
+from worker.drafters.head_rows import HeadRows
+from worker.drafters.mtp import MtpDrafter
 from worker.drafters.registry import DraftOptions, load_drafter
 from worker.engine.generate import generate
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.kernels.native_lib import kernel_choice
+from worker.kernels.native_linear import NativeQuantizedLinear
 from worker.models.loader import LoadedModel, load_model
+from worker.models.planned_linear import PlannedLinear
 from worker.serving_model import ServingModel, load_serving_model
 
 pytestmark = pytest.mark.skipif(
     kernel_choice("native").isa != "avx512_vnni", reason="the native layers run on AVX-512 VNNI only"
 )
-MODES = ("none", "mtp", "dflash", "tree", "ngram")
+MODES = ("none", "mtp", "mtp-tree", "auto", "dflash", "tree", "ngram")
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
@@ -90,6 +94,52 @@ def test_the_fused_layers_compute_the_per_op_native_model() -> None:
     assert (fused - per_op).abs().max() <= 1e-3 * per_op.abs().max()
 
 
+def test_the_heads_layer_is_in_the_targets_format_and_fused() -> None:
+    drafter = native_runner("qwen3", "mtp").drafter
+    assert isinstance(drafter, MtpDrafter) and drafter.fused is not None
+    layer = drafter.head.layers[0]
+    for linear in (drafter.head.fc, layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
+        assert isinstance(linear, PlannedLinear) and linear.weight_format == "int4"
+        assert isinstance(linear.module, NativeQuantizedLinear)
+
+
+def test_the_heads_fused_layer_computes_its_per_op_layer() -> None:
+    """A run of committed pairs, then tree rows that each see other ancestors' scratch slots: the
+    fused call and the per-op layer (same int4 products) give the same outputs and K/V."""
+    model = native("qwen3")
+    drafter = native_runner("qwen3", "mtp").drafter
+    assert isinstance(drafter, MtpDrafter) and drafter.fused is not None
+    sequence = native_runner("qwen3", "mtp").start("fused", list(range(5, 17)), GREEDY)
+    state = drafter.start(sequence)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, model.config.hidden_size, generator=generator)  # [rows, hidden]
+    run = HeadRows(state.cache, list(range(20, 26)), list(range(6)), 0)
+    tree = HeadRows(state.cache, [30, 31, 32, 33], [6, 6, 6, 6], 6, [[], [], [], []])  # depth-1 siblings
+
+    def both(rows: HeadRows, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = state.cache.keys.clone()
+        fused = drafter.run_head([rows], x)
+        fused_keys, state.cache.keys = state.cache.keys.clone(), keys
+        layers, drafter.fused = drafter.fused, None
+        try:
+            per_op = drafter.run_head([rows], x)
+        finally:
+            drafter.fused = layers
+        assert (fused_keys - state.cache.keys).abs().max() <= 1e-3 * state.cache.keys.abs().max()
+        return fused, per_op
+
+    fused, per_op = both(run, hidden[:6])
+    assert (fused - per_op).abs().max() <= 1e-3 * per_op.abs().max()
+    state.cache.commit(6)  # the run's pairs are committed: the tree rows below see them
+    fused, per_op = both(tree, hidden[6:])
+    assert (fused - per_op).abs().max() <= 1e-3 * per_op.abs().max()
+    # depth 2 under the first two depth-1 rows (scratch slots 6 and 7): each sees its own parent only
+    deeper = HeadRows(state.cache, [40, 40], [7, 7], 10, [[6], [7]])
+    fused, per_op = both(deeper, torch.cat([hidden[:1], hidden[:1]]))
+    assert (fused - per_op).abs().max() <= 1e-3 * per_op.abs().max()
+    assert (fused[0] - fused[1]).abs().max() > 1e-3  # different parents: different outputs
+
+
 @functools.cache
 def default_served(mode: str) -> ServingModel:
     served = load_serving_model(None, mode, dtype="auto", kernels="native")
@@ -107,7 +157,7 @@ def default_greedy(mode: str, prompts: list[str]) -> list[list[int]]:
 DEFAULT_PROMPTS = ["Name three rivers.", "Write a haiku about rain.", "What is 17 * 23?"]
 
 
-@pytest.mark.parametrize("mode", ["mtp", "tree"])
+@pytest.mark.parametrize("mode", ["mtp", "mtp-tree", "tree"])
 def test_default_model_speculates_losslessly_in_its_default_format(mode: str) -> None:
     assert default_greedy(mode, DEFAULT_PROMPTS) == default_greedy("none", DEFAULT_PROMPTS)
 

@@ -23,7 +23,7 @@ from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
 
-MODES = ("none", "mtp", "dflash", "tree", "ngram", "suffix", "auto")
+MODES = ("none", "mtp", "mtp-tree", "dflash", "tree", "ngram", "suffix", "auto")
 FAMILIES = ("qwen3", "llama")
 NUM_PROMPTS = 10  # per family, 64 tokens each; the slow variant runs 40
 PREFILL_CHUNK = 7  # small, so drafters also see prefills arrive in several chunks
