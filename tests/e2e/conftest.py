@@ -56,7 +56,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             ),
             "worker": spawn(
                 ["worker", "--model", str(scripted), "--speculation", "ngram"],
-                env | {"ARBOR_METRICS_PORT": str(scripted_metrics)},
+                # full drafts every step: its tests count accepted drafts, which adaptive speculation
+                # would size from step costs timed on this (maybe busy) machine
+                env | {"ARBOR_METRICS_PORT": str(scripted_metrics), "ARBOR_ADAPTIVE_SPECULATION": "0"},
                 log_dir / "worker.log",
             ),
         }
