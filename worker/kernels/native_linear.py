@@ -14,7 +14,7 @@ from torch import nn
 
 from worker.kernels.native_lib import NativeKernels
 from worker.kernels.packing import pack_int4, pack_int8
-from worker.kernels.quantized_weight import Int4Weight, QuantizedWeight, quantize_int4
+from worker.kernels.quantized_weight import Int4Weight, QuantizedWeight
 
 # Split a product over threads only when it is big enough to pay for starting them (~20-40 us):
 # the lm_head of a small model, or a prefill chunk.
@@ -60,22 +60,6 @@ class NativeQuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.weight_format} native"
-
-
-def drafter_on_native(module: nn.Module, like: NativeQuantizedLinear) -> nn.Module:
-    """`module` (a drafter's layers) with every dense linear replaced by an int4 one on the same
-    kernels as `like`, the target's. Why: a bundled MTP head's float32 layer read ~14 MB per draft
-    token, most of what a draft cost beside an ~8 ms native target step. Drafts only propose
-    (verification decides every token), so their weights' rounding moves acceptance, not output."""
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear) and child.in_features % 32 == 0:
-            bias = None if child.bias is None else child.bias.detach().float()
-            quantized = quantize_int4(child.weight.detach().float())
-            native = NativeQuantizedLinear(quantized, bias, like.kernels, like.threads, like.two_term)
-            setattr(module, name, native)
-        else:
-            drafter_on_native(child, like)
-    return module
 
 
 def native_linear_of(module: nn.Module) -> NativeQuantizedLinear | None:
