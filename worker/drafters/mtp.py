@@ -210,8 +210,9 @@ class MtpDrafter:
         lane generated while the head slept is skipped but for its last RESTART_CONTEXT pairs;
         the prompt's pairs never are (a lane that imported a prefix snapshot with holes runs
         them, as a cold lane would have during its prefill)."""
-        recent = state.num_observed - RESTART_CONTEXT
-        pairs = [t for t in range(state.num_paired, state.num_observed) if t < state.prefill_end or t >= recent]
+        first, end = state.num_paired, state.num_observed
+        recent = max(first, state.prefill_end, end - RESTART_CONTEXT)  # ranges, not a walk over the stretch
+        pairs = [*range(first, min(state.prefill_end, end)), *range(recent, end)]
         next_ids = [state.token_ids[t + 1] if t + 1 < state.num_observed else state.next_token for t in pairs]
         return HeadRows(state.cache, next_ids, pairs, state.cache.length)
 
