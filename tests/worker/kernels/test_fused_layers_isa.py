@@ -58,6 +58,7 @@ CASES = {
     "chain": [Lane(20, 6)],
     "tree beside a decode lane": [Lane(33, 7, tree_mask(PARENTS)), Lane(11, 1)],
     "prefill chunk": [Lane(17, 40)],
+    "verification after 70 keys": [Lane(70, 4), Lane(3, 2)],
 }
 
 
@@ -65,6 +66,16 @@ CASES = {
 def model(family: str) -> LoadedModel:
     if family == "qwen3":
         folder = speculation_checkpoints("qwen3").target
+    elif family == "llama":  # 80-wide heads (64 dims a pass, then 16), three query heads a kv head
+        folder = make_tiny_model(
+            Path(tempfile.mkdtemp(prefix="arbor-fused-isa-")) / family,
+            family,
+            num_hidden_layers=1,
+            hidden_size=480,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=80,
+        )
     else:  # q/k/v bias, two 32-wide heads: the vector loops run more than once a head
         folder = make_tiny_model(
             Path(tempfile.mkdtemp(prefix="arbor-fused-isa-")) / family,
@@ -132,7 +143,7 @@ def assert_same_bits(got: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_every_vector_path_gives_the_portable_paths_bits(family: str, case: str) -> None:
     if not VECTOR_PATHS:
         pytest.skip("this CPU runs no vector path")
@@ -197,3 +208,16 @@ def test_an_aarch64_build_gives_the_host_portable_paths_bytes(tmp_path: Path) ->
     arm = [*QEMU, str(aarch64_driver())]
     for isa, threads in ((4, 1), (4, 2), (0, 1)):  # NEON on one thread and two, portable
         assert driver_bytes(arm, isa, threads) == expected, (isa, threads)
+
+
+@needs_x86
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="no qemu-aarch64 (apt-get install qemu-user)")
+def test_an_aarch64_build_gives_them_at_smollm2s_shape(tmp_path: Path) -> None:
+    """64-wide heads, three query heads a kv head, 1,024 keys: attention's full passes of 16 keys and
+    64 dims, which the small shape's 32-wide heads and short lanes do not reach."""
+    compiler = find_compiler()
+    assert compiler is not None
+    host = [str(build_driver(compiler, tmp_path / "fused_driver"))]
+    expected = subprocess.run([*host, "0", "1", "1", "smollm2"], capture_output=True, check=True, timeout=300).stdout
+    arm = [*QEMU, str(aarch64_driver()), "4", "1", "1", "smollm2"]
+    assert subprocess.run(arm, capture_output=True, check=True, timeout=300).stdout == expected

@@ -7,7 +7,8 @@
  *   KERNEL(name) this copy's function names (rms_norm_avx512, ...)
  *   TARGET       the target attribute its functions compile under (empty where none is needed)
  *
- * It uses fused_layers.c's arbor_dims, arbor_rows, visible_keys and layer_kernels. Every copy runs
+ * It uses fused_layers.c's arbor_dims, arbor_rows, MAX_TILE_ROWS, MAX_TILE_QUERIES, TILE_KEYS and
+ * layer_kernels. Every copy runs
  * the same float operations in the same order, so all give the same bits.
  * Lengths n (head_dim, hidden, inner) are multiples of 16; key counts are not.
  */
@@ -36,6 +37,55 @@ TARGET static inline float KERNEL(dot)(const float *a, const float *b, int n) {
     return V(sum)(acc);
 }
 
+/* s[j] = dot(q, K[slots[j]]) * scale for j < count: sixteen keys at a time (sixteen independent
+   chains in registers, summed by sum16's tree), the rest one by one; either way each score has
+   dot's bits. Dims go 64 at a time, each key's 64 read in order, so the reads stay sequential. */
+TARGET static void KERNEL(scores)(const float *q, const float *kbase, const int32_t *slots, int count, int d,
+                                  float scale, float *s) {
+    const VEC vscale = V(set1)(scale);
+    int j = 0;
+    for (; j + 16 <= count; j += 16) {
+        const float *k[16];
+        VEC part[16];
+        for (int i = 0; i < 16; i++) {
+            k[i] = kbase + (long)slots[j + i] * d;
+            part[i] = V(zero)();
+        }
+        for (int c0 = 0; c0 < d; c0 += 64) {
+            if (d - c0 >= 64) {
+                const VEC q0 = V(load)(q + c0), q1 = V(load)(q + c0 + 16), q2 = V(load)(q + c0 + 32),
+                          q3 = V(load)(q + c0 + 48);
+                for (int i = 0; i < 16; i++) {
+                    part[i] = V(fmadd)(q0, V(load)(k[i] + c0), part[i]);
+                    part[i] = V(fmadd)(q1, V(load)(k[i] + c0 + 16), part[i]);
+                    part[i] = V(fmadd)(q2, V(load)(k[i] + c0 + 32), part[i]);
+                    part[i] = V(fmadd)(q3, V(load)(k[i] + c0 + 48), part[i]);
+                }
+            } else {
+                for (int c = c0; c < d; c += 16) {
+                    const VEC qc = V(load)(q + c);
+                    for (int i = 0; i < 16; i++) part[i] = V(fmadd)(qc, V(load)(k[i] + c), part[i]);
+                }
+            }
+        }
+        V(store)(s + j, V(mul)(V(sum16)(part), vscale));
+    }
+    for (; j < count; j++) s[j] = KERNEL(dot)(q, kbase + (long)slots[j] * d, d) * scale;
+}
+
+/* the largest of s[0 .. count): the same value the scan top = s[j] > top ? s[j] : top finds (a
+   zero's sign aside, which e^(s - top) does not see) */
+TARGET static float KERNEL(max_of)(const float *s, int count) {
+    VEC top = V(set1)(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= count; j += 16) top = V(max)(V(load)(s + j), top);
+    float lanes[16], best = -INFINITY;
+    V(store)(lanes, top);
+    for (int i = 0; i < 16; i++) best = lanes[i] > best ? lanes[i] : best;
+    for (; j < count; j++) best = s[j] > best ? s[j] : best;
+    return best;
+}
+
 TARGET static void KERNEL(rms_norm)(const float *x, const float *weight, int n, float eps, float *out) {
     const float inv = 1.0f / sqrtf(KERNEL(dot)(x, x, n) / (float)n + eps);
     const VEC vinv = V(set1)(inv);
@@ -60,29 +110,118 @@ TARGET static float KERNEL(exp_scores)(float *scores, int num_keys, float top) {
     return V(sum)(total);
 }
 
-/* One head of row t: scores over exactly its visible keys, in slot-list order. `scratch` holds
-   2 * (max_keys + 32) floats: the scores, then the visible slots. */
-TARGET static void KERNEL(attend_head)(const arbor_dims *dims, const arbor_rows *rows, int t, int h, const float *q_row,
-                                       const float *keys, const float *values, float *scratch, float *out_row) {
-    const int d = dims->head_dim, group = dims->heads / dims->kv_heads;
-    float *scores = scratch;
-    int32_t *visible = (int32_t *)(scratch + rows->context[t] + rows->lane_rows[t] + 16);
-    const int num_keys = visible_keys(rows, t, visible);
-    const float scale = 1.0f / sqrtf((float)d);
-    const long head_base = (long)(h / group) * dims->kv_stride;
-    const float *q = q_row + (long)h * d;
-    float top = -INFINITY;
-    for (int j = 0; j < num_keys; j++) {
-        scores[j] = KERNEL(dot)(q, keys + (head_base + visible[j]) * d, d) * scale;
-        top = scores[j] > top ? scores[j] : top;
+/* acc[q] += sum over keys j of p[q][j] * V[slots[j]] on dims [c0, c0 + 16 ch), for nqb queries at once:
+   nqb * ch independent multiply-add chains (one chain alone waits out each one's latency, and
+   that wait was most of a decode step at 4K keys). Each chain still runs over the keys in order. */
+TARGET static inline __attribute__((always_inline)) void KERNEL(weighted_sum_fixed)(
+    const int nqb, const int ch, const float *const *p, float *const *acc, const float *vbase, const int32_t *slots,
+    int count, int d, int c0) {
+    VEC a[3][4];
+    for (int q = 0; q < nqb; q++)
+        for (int c = 0; c < ch; c++) a[q][c] = V(load)(acc[q] + c0 + 16 * c);
+    for (int j = 0; j < count; j++) {
+        const float *v = vbase + (long)slots[j] * d + c0;
+        VEC row[4];
+        for (int c = 0; c < ch; c++) row[c] = V(load)(v + 16 * c);
+        for (int q = 0; q < nqb; q++) {
+            const VEC weight = V(set1)(p[q][j]);
+            for (int c = 0; c < ch; c++) a[q][c] = V(fmadd)(weight, row[c], a[q][c]);
+        }
     }
-    const VEC inv = V(set1)(1.0f / KERNEL(exp_scores)(scores, num_keys, top));
-    float *out = out_row + (long)h * d;
-    for (int c = 0; c < d; c += 16) {
-        VEC acc = V(zero)();
-        for (int k = 0; k < num_keys; k++)
-            acc = V(fmadd)(V(set1)(scores[k]), V(load)(values + (head_base + visible[k]) * d + c), acc);
-        V(store)(out + c, V(mul)(acc, inv));
+    for (int q = 0; q < nqb; q++)
+        for (int c = 0; c < ch; c++) V(store)(acc[q] + c0 + 16 * c, a[q][c]);
+}
+
+/* the same for any nqb <= 3 and every 16 dims, the chunks four at a time */
+TARGET static void KERNEL(weighted_sum)(int nqb, const float *const *p, float *const *acc, const float *vbase,
+                                        const int32_t *slots, int count, int d) {
+    for (int c0 = 0; c0 < d; c0 += 64) {
+        const int ch = (d - c0) / 16 < 4 ? (d - c0) / 16 : 4;
+#define WEIGHTED_SUM_CASE(Q, C) \
+    case 4 * (Q) + (C): KERNEL(weighted_sum_fixed)(Q, C, p, acc, vbase, slots, count, d, c0); break;
+        switch (4 * nqb + ch) {
+            WEIGHTED_SUM_CASE(1, 1) WEIGHTED_SUM_CASE(1, 2) WEIGHTED_SUM_CASE(1, 3) WEIGHTED_SUM_CASE(1, 4)
+            WEIGHTED_SUM_CASE(2, 1) WEIGHTED_SUM_CASE(2, 2) WEIGHTED_SUM_CASE(2, 3) WEIGHTED_SUM_CASE(2, 4)
+            WEIGHTED_SUM_CASE(3, 1) WEIGHTED_SUM_CASE(3, 2) WEIGHTED_SUM_CASE(3, 3) WEIGHTED_SUM_CASE(3, 4)
+            default: break;
+        }
+#undef WEIGHTED_SUM_CASE
+    }
+}
+
+/* Attention of a tile: rows [t0, t0 + nr) of one lane (the same committed context) and the `group`
+   query heads they each send to kv head `kv`. Every committed key's K and V are read once for the
+   whole tile (TILE_KEYS at a time, kept in L1 while each query passes over them), where one row and
+   head at a time re-read the lane's K/V per query: at 4K keys that re-read, not the arithmetic, was
+   most of a decode step. Each (row, head) still computes what it would alone, in the same order:
+   its scores over its visible keys (the committed ones, then the new rows its mask shows), their
+   max, e^(s - max) and its sum, and for each 16 dims one fused multiply-add chain over the keys in
+   that order; so the tile's make-up never changes a bit.
+   `scratch`: tile_scratch_floats(...) floats (fused_layers.c). */
+TARGET static void KERNEL(attend_tile)(const arbor_dims *dims, const arbor_rows *rows, int t0, int nr, int kv,
+                                       const float *qkv, int qkv_width, const float *keys, const float *values,
+                                       float *scratch, long stride, float *attn, int q_width) {
+    const int d = dims->head_dim, group = dims->heads / dims->kv_heads, nq = nr * group;
+    const int32_t *table = rows->slots + rows->key_base[t0];
+    const int context = rows->context[t0], n = rows->lane_rows[t0];
+    const float scale = 1.0f / sqrtf((float)d);
+    const float *kbase = keys + (long)kv * dims->kv_stride * d, *vbase = values + (long)kv * dims->kv_stride * d;
+    float *scores = scratch;                           /* [nq][stride]: committed keys, then the row's new ones */
+    float *acc = scratch + (long)nq * stride;          /* [nq][d] */
+    int32_t *extra = (int32_t *)(acc + (long)nq * d); /* [nr][n]: each row's visible new-row slots */
+    int num_extra[MAX_TILE_ROWS];
+    float inv[MAX_TILE_QUERIES];
+    for (int r = 0; r < nr; r++) {
+        const int t = t0 + r, i = rows->index[t];
+        const uint8_t *mask = rows->mask_offset[t] >= 0 ? rows->masks + rows->mask_offset[t] + (long)i * n : NULL;
+        int count = 0;
+        for (int j = 0; j < n; j++) {
+            if (mask ? mask[j] : j <= i) extra[(long)r * n + count++] = table[context + j];
+        }
+        num_extra[r] = count;
+    }
+    /* query qv: row t0 + qv / group, head kv * group + qv % group */
+#define TILE_QUERY(qv) (qkv + (long)(t0 + (qv) / group) * qkv_width + (long)(kv * group + (qv) % group) * d)
+    for (int j0 = 0; j0 < context; j0 += TILE_KEYS) {
+        const int j1 = j0 + TILE_KEYS < context ? j0 + TILE_KEYS : context;
+        prefetch_rows(kbase, table, j1, context, d);
+        for (int qv = 0; qv < nq; qv++)
+            KERNEL(scores)(TILE_QUERY(qv), kbase, table + j0, j1 - j0, d, scale, scores + (long)qv * stride + j0);
+    }
+    for (int qv = 0; qv < nq; qv++) {
+        const int r = qv / group, num_keys = context + num_extra[r];
+        const float *q = TILE_QUERY(qv);
+        float *s = scores + (long)qv * stride;
+        KERNEL(scores)(q, kbase, extra + (long)r * n, num_extra[r], d, scale, s + context);
+        inv[qv] = 1.0f / KERNEL(exp_scores)(s, num_keys, KERNEL(max_of)(s, num_keys));
+        memset(acc + (long)qv * d, 0, sizeof(float) * (size_t)d);
+    }
+#undef TILE_QUERY
+    /* the weighted sums: committed keys a block at a time for every query (PV_QUERIES at once),
+       then each row's new keys; then the scale */
+    const float *weights[MAX_TILE_QUERIES];
+    float *sums[MAX_TILE_QUERIES];
+    for (int qv = 0; qv < nq; qv++) {
+        weights[qv] = scores + (long)qv * stride;
+        sums[qv] = acc + (long)qv * d;
+    }
+    for (int j0 = 0; j0 < context; j0 += TILE_KEYS) {
+        const int j1 = j0 + TILE_KEYS < context ? j0 + TILE_KEYS : context;
+        prefetch_rows(vbase, table, j1, context, d);
+        const float *block_weights[MAX_TILE_QUERIES];
+        for (int qv = 0; qv < nq; qv++) block_weights[qv] = weights[qv] + j0;
+        for (int qv = 0; qv < nq; qv += PV_QUERIES) {
+            const int nqb = nq - qv < PV_QUERIES ? nq - qv : PV_QUERIES;
+            KERNEL(weighted_sum)(nqb, block_weights + qv, sums + qv, vbase, table + j0, j1 - j0, d);
+        }
+    }
+    for (int qv = 0; qv < nq; qv++) {
+        const int r = qv / group;
+        const float *tail = weights[qv] + context;
+        KERNEL(weighted_sum)(1, &tail, sums + qv, vbase, extra + (long)r * n, num_extra[r], d);
+        float *out = attn + (long)(t0 + r) * q_width + (long)(kv * group + qv % group) * d;
+        const VEC scale_out = V(set1)(inv[qv]);
+        for (int c = 0; c < d; c += 16) V(store)(out + c, V(mul)(V(load)(sums[qv] + c), scale_out));
     }
 }
 
@@ -99,4 +238,4 @@ TARGET static void KERNEL(silu_times_up)(const float *gate_up, int first, int en
     }
 }
 
-static const layer_kernels KERNEL(kernels) = {KERNEL(rms_norm), KERNEL(attend_head), KERNEL(silu_times_up)};
+static const layer_kernels KERNEL(kernels) = {KERNEL(rms_norm), KERNEL(attend_tile), KERNEL(silu_times_up)};

@@ -54,17 +54,32 @@ typedef struct {
     const uint8_t *masks;                                                /* [lane_rows, lane_rows] per tree lane */
 } arbor_rows;
 
-/* the lane's committed slots, then the new rows its mask lets row t see; returns their count */
-static int visible_keys(const arbor_rows *rows, int t, int32_t *visible) {
-    const int32_t *table = rows->slots + rows->key_base[t];
-    const int context = rows->context[t], i = rows->index[t], n = rows->lane_rows[t];
-    const uint8_t *mask = rows->mask_offset[t] >= 0 ? rows->masks + rows->mask_offset[t] + (long)i * n : NULL;
-    int num_keys = 0;
-    for (int j = 0; j < context; j++) visible[num_keys++] = table[j];
-    for (int j = 0; j < n; j++) {
-        if (mask ? mask[j] : j <= i) visible[num_keys++] = table[context + j];
+/* Attention goes by tiles: up to MAX_TILE_ROWS consecutive rows of one lane, times one kv head,
+   holding at most MAX_TILE_QUERIES (row, query head) pairs; TILE_KEYS keys a pass (fused_kernels.h). */
+#define MAX_TILE_ROWS 16
+#define MAX_TILE_QUERIES 48
+#define TILE_KEYS 32
+
+static int tile_rows(const arbor_dims *dims) {
+    const int by_queries = MAX_TILE_QUERIES / (dims->heads / dims->kv_heads);
+    return by_queries < 1 ? 1 : (by_queries > MAX_TILE_ROWS ? MAX_TILE_ROWS : by_queries);
+}
+
+/* Asks for the next block's rows (keys [from, from + TILE_KEYS) of `table`, head_dim floats each)
+   while this block is computed: a lane's keys sit in blocks of the pool, not one stream the
+   hardware prefetcher follows, and the reads of a decode step's K/V were most of its time. */
+static inline void prefetch_rows(const float *base, const int32_t *table, int from, int end, int d) {
+    const int last = from + TILE_KEYS < end ? from + TILE_KEYS : end;
+    for (int j = from; j < last; j++) {
+        const char *row = (const char *)(base + (long)table[j] * d);
+        for (int byte = 0; byte < d * (int)sizeof(float); byte += 64) __builtin_prefetch(row + byte, 0, 3);
     }
-    return num_keys;
+}
+
+/* one thread's attention scratch: scores [queries][stride], sums [queries][head_dim], new-row slots [rows][max_keys] */
+static long tile_scratch_floats(const arbor_dims *dims, int max_keys) {
+    const long queries = (long)tile_rows(dims) * (dims->heads / dims->kv_heads);
+    return queries * (max_keys + 32) + queries * dims->head_dim + (long)tile_rows(dims) * (max_keys + 32);
 }
 
 /* x * cos + roll(x, d/2) * signed_sin (rope.py's tables: the first half of sin negated) */
@@ -75,15 +90,17 @@ static void rotate(float *x, const float *cos, const float *sin, int d) {
     for (int i = 0; i < d; i++) x[i] = x[i] * cos[i] + rolled[i] * sin[i];
 }
 
-/* the float kernels of one ISA (fused_kernels.h's copies), called per row or per (row, head) */
+/* the float kernels of one ISA (fused_kernels.h's copies), called per row or per attention tile */
 typedef struct {
     void (*rms_norm)(const float *x, const float *weight, int n, float eps, float *out);
-    void (*attend_head)(const arbor_dims *dims, const arbor_rows *rows, int t, int h, const float *q_row,
-                        const float *keys, const float *values, float *scratch, float *out_row);
+    void (*attend_tile)(const arbor_dims *dims, const arbor_rows *rows, int t0, int nr, int kv, const float *qkv,
+                        int qkv_width, const float *keys, const float *values, float *scratch, long stride,
+                        float *attn, int q_width);
     void (*silu_times_up)(const float *gate_up, int first, int end, int inner, float *out);
 } layer_kernels;
 
 #define KERNEL(name) name##_portable
+#define PV_QUERIES 1
 #define V(op) portable_##op
 #define VEC v16_portable
 #define TARGET
@@ -92,9 +109,11 @@ typedef struct {
 #undef V
 #undef VEC
 #undef TARGET
+#undef PV_QUERIES
 
 #if defined(__x86_64__)
 #define KERNEL(name) name##_avx512
+#define PV_QUERIES 3 /* weighted-sum chains a pass: 4 x this many accumulators in registers */
 #define V(op) avx512_##op
 #define VEC v16_avx512
 #define TARGET __attribute__((target("avx512f")))
@@ -103,8 +122,10 @@ typedef struct {
 #undef V
 #undef VEC
 #undef TARGET
+#undef PV_QUERIES
 
 #define KERNEL(name) name##_avx2
+#define PV_QUERIES 1
 #define V(op) avx2_##op
 #define VEC v16_avx2
 #define TARGET __attribute__((target("avx2,fma")))
@@ -113,10 +134,12 @@ typedef struct {
 #undef V
 #undef VEC
 #undef TARGET
+#undef PV_QUERIES
 #endif
 
 #if defined(__aarch64__)
 #define KERNEL(name) name##_neon
+#define PV_QUERIES 1
 #define V(op) neon_##op
 #define VEC v16_neon
 #define TARGET
@@ -125,6 +148,7 @@ typedef struct {
 #undef V
 #undef VEC
 #undef TARGET
+#undef PV_QUERIES
 #endif
 
 /* cpu_features.ISA_CODES -> the kernels' copy; NULL where this build has none */
@@ -185,6 +209,7 @@ typedef struct {
     float *keys, *values;
     float **hidden_out;
     int max_keys, two_term, threads;
+    int num_tiles, *tile_first; /* attention tiles: rows [tile_first[i], tile_first[i + 1]) */
     float *h, *qkv, *attn, *proj, *gate_up, *act;
     int8_t *qa, *qa2;
     float *da;
@@ -254,11 +279,12 @@ static void run_layers(forward_part *me) {
             }
         }
         barrier_wait(&c->barrier);
-        const int items = rows * dims->heads; /* (row, head) pairs, split evenly */
+        const int items = c->num_tiles * dims->kv_heads; /* (tile, kv head) pairs, split evenly */
         for (int item = share(items, part, parts); item < share(items, part + 1, parts); item++) {
-            const int t = item / dims->heads, h = item % dims->heads;
-            k->attend_head(dims, c->row_info, t, h, c->qkv + (long)t * qkv_width, layer_keys, layer_values, me->scratch,
-                        c->attn + (long)t * q_width);
+            const int tile = item / dims->kv_heads, kv = item % dims->kv_heads;
+            const int t0 = c->tile_first[tile], nr = c->tile_first[tile + 1] - t0;
+            k->attend_tile(dims, c->row_info, t0, nr, kv, c->qkv, qkv_width, layer_keys, layer_values, me->scratch,
+                           c->max_keys + 32, c->attn, q_width);
         }
         barrier_wait(&c->barrier);
         quantize_part(c, part, c->attn, q_width);
@@ -298,7 +324,7 @@ static void *run_layers_thread(void *arg) {
 /*
  * x [rows, hidden] (the residual stream, updated in place) through every layer. keys/values: the
  * K/V storage [layers, kv_heads, kv_stride, head_dim]. hidden_out[l], where not NULL, receives x
- * after layer l. `threads` split every phase (rows, tiles of output rows, (row, head) pairs of
+ * after layer l. `threads` split every phase (rows, tiles of output rows, (row tile, kv head) pairs of
  * attention): a row's numbers never depend on the count. `isa`: cpu_features.ISA_CODES. Returns 0,
  * -1 when scratch cannot be had, -2 for an isa this build has no kernels for.
  */
@@ -326,13 +352,25 @@ int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_
     c.qa2 = two_term ? malloc((size_t)rows * widest) : NULL;
     c.da = malloc(sizeof(float) * (size_t)rows * (widest / QK));
     c.sa = malloc(sizeof(int32_t) * (size_t)rows * (widest / QK));
-    float *scratch = malloc(sizeof(float) * (size_t)threads * 2 * (max_keys + 32));
+    const long scratch_floats = tile_scratch_floats(dims, max_keys);
+    float *scratch = malloc(sizeof(float) * (size_t)threads * (size_t)scratch_floats);
+    c.tile_first = malloc(sizeof(int) * (size_t)(rows + 1));
+    if (c.tile_first) { /* consecutive rows of one lane, at most tile_rows() a tile */
+        const int most = tile_rows(dims);
+        c.num_tiles = 0;
+        for (int t = 0; t < rows; t++) {
+            const int first = c.num_tiles ? c.tile_first[c.num_tiles - 1] : -1;
+            if (first < 0 || row_info->key_base[t] != row_info->key_base[first] || t - first >= most)
+                c.tile_first[c.num_tiles++] = t;
+        }
+        c.tile_first[c.num_tiles] = rows;
+    }
     atomic_init(&c.barrier.arrived, 0);
     atomic_init(&c.barrier.phase, 0);
     atomic_init(&c.go, 0);
     c.barrier.parties = threads;
     int status = 0;
-    if (!c.h || !c.qkv || !c.attn || !c.proj || !c.gate_up || !c.act || !c.qa || !c.da || !c.sa || !scratch ||
+    if (!c.h || !c.qkv || !c.attn || !c.proj || !c.gate_up || !c.act || !c.qa || !c.da || !c.sa || !scratch || !c.tile_first ||
         (two_term && !c.qa2)) {
         status = -1;
         goto done;
@@ -340,7 +378,7 @@ int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_
     forward_part parts[16];
     pthread_t ids[16];
     int started = 1;
-    for (int i = 0; i < threads; i++) parts[i] = (forward_part){&c, i, scratch + (long)i * 2 * (max_keys + 32)};
+    for (int i = 0; i < threads; i++) parts[i] = (forward_part){&c, i, scratch + (long)i * scratch_floats};
     for (; started < threads; started++) {
         if (pthread_create(&ids[started], NULL, run_layers_thread, &parts[started]) != 0) break;
     }
@@ -351,6 +389,6 @@ int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_
     for (int i = 1; i < started; i++) pthread_join(ids[i], NULL);
 done:
     free(c.h); free(c.qkv); free(c.attn); free(c.proj); free(c.gate_up); free(c.act);
-    free(c.qa); free(c.qa2); free(c.da); free(c.sa); free(scratch);
+    free(c.qa); free(c.qa2); free(c.da); free(c.sa); free(scratch); free(c.tile_first);
     return status;
 }

@@ -10,7 +10,8 @@
  *
  *     s8[i] = v[i] + v[i + 8] (i < 8);  s4[i] = s8[i] + s8[i + 4];  s2[i] = s4[i] + s4[i + 2];  s2[0] + s2[1]
  *
- * (GCC's _mm512_reduce_add_ps order). Tails shorter than 16 load zeros into the missing lanes.
+ * (GCC's _mm512_reduce_add_ps order); sum16 gives sixteen vectors' sums at once, in that same tree,
+ * as one vector (lane i: v[i]'s sum). Tails shorter than 16 load zeros into the missing lanes.
  * Names: <isa>_<op>, types v16_<isa>.
  */
 #ifndef ARBOR_V16_H
@@ -75,6 +76,8 @@ V16_INLINE float portable_sum(v16_portable v) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+V16_INLINE v16_portable portable_sum16(const v16_portable *v) { PORTABLE_LANES(portable_sum(v[i])); }
+
 #undef PORTABLE_LANES
 
 /* ---------- x86: AVX-512 and AVX2 + FMA ---------- */
@@ -115,6 +118,27 @@ AVX512_OP __m512 avx512_scale2(__m512 p, __m512 n) { return _mm512_scalef_ps(p, 
 AVX512_OP float avx512_sum(__m512 v) {
     const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return sum8_tree(_mm256_add_ps(_mm512_castps512_ps256(v), high));
+}
+
+/* v16.h's tree for sixteen vectors at once, every level one add of two shuffles: s8 of keys 2k, 2k+1
+   side by side, then s4 of four keys, then s2 of keys L and 4 + L (L the 128-bit lane), then the
+   sums of keys L, 4 + L, 8 + L, 12 + L in lane L, put in key order by one permute */
+AVX512_OP __m512 avx512_sum16(const __m512 *v) {
+    __m512 s8[8], s4[4], s2[2];
+    for (int k = 0; k < 8; k++)
+        s8[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int m = 0; m < 4; m++)
+        s4[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int n = 0; n < 2; n++)
+        s2[n] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * n], s4[2 * n + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s4[2 * n], s4[2 * n + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* lane 4L + s holds key 4s + L */
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(order, sums);
 }
 
 typedef struct {
@@ -165,6 +189,27 @@ AVX2_OP v16_avx2 avx2_scale2(v16_avx2 p, v16_avx2 n) {
     return (v16_avx2){_mm256_mul_ps(p.lo, avx2_pow2(n.lo)), _mm256_mul_ps(p.hi, avx2_pow2(n.hi))};
 }
 AVX2_OP float avx2_sum(v16_avx2 v) { return sum8_tree(_mm256_add_ps(v.lo, v.hi)); }
+
+/* eight keys' s8 vectors -> their sums in key order: s4 of keys 2k, 2k + 1 side by side, then s2 of
+   keys (a, c | b, d), then the sums as (0, 2, 4, 6 | 1, 3, 5, 7), put in order by one permute */
+AVX2_OP __m256 avx2_sum8x8(const __m256 *s8) {
+    __m256 s4[4], s2[2];
+    for (int k = 0; k < 4; k++)
+        s4[k] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * k], s8[2 * k + 1], 0x20),
+                              _mm256_permute2f128_ps(s8[2 * k], s8[2 * k + 1], 0x31));
+    for (int m = 0; m < 2; m++)
+        s2[m] = _mm256_add_ps(_mm256_shuffle_ps(s4[2 * m], s4[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(s4[2 * m], s4[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(sums, _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0));
+}
+
+AVX2_OP v16_avx2 avx2_sum16(const v16_avx2 *v) {
+    __m256 s8[16];
+    for (int i = 0; i < 16; i++) s8[i] = _mm256_add_ps(v[i].lo, v[i].hi);
+    return (v16_avx2){avx2_sum8x8(s8), avx2_sum8x8(s8 + 8)};
+}
 
 #undef AVX2_LANES
 #endif
@@ -218,6 +263,12 @@ V16_INLINE float neon_sum(v16_neon v) {
     const float32x4_t s4 = vaddq_f32(vaddq_f32(v.q[0], v.q[2]), vaddq_f32(v.q[1], v.q[3]));
     const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
     return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+
+V16_INLINE v16_neon neon_sum16(const v16_neon *v) {
+    float sums[16];
+    for (int i = 0; i < 16; i++) sums[i] = neon_sum(v[i]);
+    return neon_load(sums);
 }
 
 #undef NEON_LANES
