@@ -19,10 +19,9 @@ write it, so the prompt tokens each API reports per turn are a check on the gate
 
     system (text or blocks), then      -> one system message, first, texts joined by blank lines
       `system` entries among messages     (Claude Code sends one; chat templates take one, first)
-    user: text blocks                  -> a user message, the texts joined with nothing between
-                                          (as the messages route joins them; as text parts the
-                                          worker would join them with a newline, as vLLM does,
-                                          and the two prompts would differ by that newline)
+    user: text blocks                  -> a user message, the texts joined by newlines (as the
+                                          messages route joins them, and the worker OpenAI text
+                                          parts, as vLLM does)
     user: tool_result blocks           -> tool messages, before the user's text
     assistant: text / thinking /       -> one assistant message: content, reasoning_content,
       tool_use blocks                     tool_calls
@@ -130,12 +129,12 @@ def _user(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     blocks = _blocks(content)
     results = [_tool_message(block) for block in blocks if block["type"] == "tool_result"]
     texts = [block["text"] for block in blocks if block["type"] == "text"]
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
 
 
 def _tool_message(block: dict[str, Any]) -> dict[str, Any]:
     content = block.get("content") or ""
-    text = content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
+    text = content if isinstance(content, str) else "\n".join(part.get("text", "") for part in content)
     return {
         "role": "tool",
         "tool_call_id": block["tool_use_id"],
@@ -154,7 +153,7 @@ def _assistant(content: str | list[dict[str, Any]]) -> dict[str, Any]:
         for block in blocks
         if block["type"] == "tool_use"
     ]
-    text = "".join(block["text"] for block in blocks if block["type"] == "text")
+    text = "\n".join(block["text"] for block in blocks if block["type"] == "text")
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     reasoning = "".join(block["thinking"] for block in blocks if block["type"] == "thinking")
     if reasoning:

@@ -14,6 +14,7 @@ from shared.openai_schema import ChatCompletionRequest
 from shared.protocol import Job
 from tests.gateway.conftest import MODEL, GatewayServer
 from tests.gateway.protocol_peer import ProtocolPeer, Step, WaitForCancel, delta, error, final
+from worker.chat.template import flatten_text_parts
 
 API_KEY = "sk-arbor-messages"
 USER = {"role": "user", "content": "hi"}
@@ -121,6 +122,41 @@ def test_a_message_becomes_the_chat_job_the_chat_route_would_enqueue(
     assert (chat.tool_choice, chat.parallel_tool_calls) == ("required", False)
     assert (chat.reasoning_budget, chat.chat_template_kwargs) == (12, {"enable_thinking": True})
     assert (chat.stop, chat.temperature, chat.top_k, chat.max_tokens) == (["END"], 0.5, 5, 16)
+
+
+def test_several_text_blocks_join_as_the_worker_joins_openai_text_parts(
+    gateway: GatewayServer, peer: ProtocolPeer
+) -> None:
+    """Claude Code sends a turn as <system-reminder> blocks and then the user's text: glued with
+    nothing between, the tag ran into the text; the chat route's text parts get a newline."""
+    reminder, question = "<system-reminder>Today is Monday.</system-reminder>", "What day is it?"
+    body = BODY | {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": reminder}, {"type": "text", "text": question}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Monday."}, {"type": "text", "text": "Why?"}]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": [{"type": "text", "text": "line 1"}, {"type": "text", "text": "line 2"}],
+                    }
+                ],
+            },
+        ]
+    }
+
+    assert gateway.http().post("/v1/messages", json=body).status_code == 200
+    (job,) = peer.jobs
+    chat = ChatCompletionRequest.model_validate_json(job.body)
+    as_parts = [
+        {"role": "user", "content": [{"type": "text", "text": reminder}, {"type": "text", "text": question}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Monday."}, {"type": "text", "text": "Why?"}]},
+    ]
+    joined = [message["content"] for message in flatten_text_parts(as_parts)]
+    assert [message.content for message in chat.messages] == [*joined, "line 1\nline 2"]
+    assert joined == [f"{reminder}\n{question}", "Monday.\nWhy?"]
 
 
 def test_the_body_has_thinking_text_and_tool_use_blocks(gateway: GatewayServer, make_peer) -> None:

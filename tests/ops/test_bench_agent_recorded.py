@@ -96,7 +96,7 @@ def test_chat_translation_of_tool_calls_results_and_thinking():
     assert chat_conversation(body) == {
         "messages": [
             {"role": "system", "content": "Be brief.\n\ncwd: /tmp"},
-            {"role": "user", "content": "List files."},
+            {"role": "user", "content": "List \nfiles."},
             {"role": "assistant", "content": None, "reasoning_content": "ls", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "t1", "content": "a.txt"},
         ],
