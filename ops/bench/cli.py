@@ -280,6 +280,9 @@ def _add_kernels_parser(commands) -> None:
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--rows", default="1,2,4,8,16,32", help="row counts of one forward")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads for both")
+    parser.add_argument(
+        "--context", type=int, default=32, help="committed tokens before the rows (past 32: random K/V)"
+    )
     parser.add_argument("--out", default=None, help="results folder (default: bench-results/<timestamp>/)")
     parser.set_defaults(handler=_run_kernels)
 
@@ -322,7 +325,9 @@ def _run_kernels(args: argparse.Namespace) -> int:
     from ops.bench.results import parse_int_list
 
     args = _default_model_as_none(args)
-    run(args.model, parse_int_list(args.rows, "--rows"), args.threads, args.out)
+    if args.context < 0:
+        raise ValueError(f"--context={args.context} must be 0 or more")
+    run(args.model, parse_int_list(args.rows, "--rows"), args.threads, args.out, context=args.context)
     return 0
 
 

@@ -1,10 +1,11 @@
 """`arbor bench kernels`: one decode forward's cost at 1..32 rows, native kernels against torch's, in one run.
 
-Both models load the same file in the default format; the forwards compute logits for every row
-(the decode format), after a 32-token context. The contenders take turns row count by row count,
-each point the median of `repeats` forwards, so a neighbour's load falls on both alike. The
-physical floor is the weights' bytes over the memory bandwidth one core reads at (`floor_ms`,
-measured here by summing a 256 MB float32 tensor).
+Both models load the same file in the default format; the forwards compute logits for every row (the
+decode format), after a 32-token context, or after `--context` tokens of random K/V (what a step
+costs does not depend on the values: at thousands of keys attention is much of it). The contenders
+take turns row count by row count, each point the median of `repeats` forwards, so a neighbour's
+load falls on both alike. The physical floor is the weights' bytes over the memory bandwidth one
+core reads at (`floor_ms`, measured here by summing a 256 MB float32 tensor).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from ops.bench.formats import load_format
 from ops.bench.results import machine_info, results_dir, write_json
-from worker.models.row_timing import new_timing_cache
+from worker.models.row_timing import CONTEXT_TOKENS, new_timing_cache
 
 CONTENDERS = ("auto-torch", "auto-native")
 
@@ -52,10 +53,30 @@ def weight_bytes(decoder) -> int:
     return sum(m.num_bytes for m in decoder.modules() if isinstance(m, NativeQuantizedLinear))
 
 
-def run(model: str | None, row_counts: list[int], threads: int, out_dir: Path | None, repeats: int = 15) -> Path:
+def context_cache(decoder, max_rows: int, context: int):
+    """A cache of `context` committed tokens: a real prefill up to CONTEXT_TOKENS, random K/V past it."""
+    if context <= CONTEXT_TOKENS:
+        return new_timing_cache(decoder, max_rows)
+    cache = decoder.new_cache(context + max_rows)
+    cache.reserve(context + max_rows)
+    generator = torch.Generator().manual_seed(0)
+    for tensor in (cache.keys, cache.values):
+        tensor.copy_(torch.randn(tensor.shape, generator=generator).to(tensor.dtype))
+    cache.commit(context)
+    return cache
+
+
+def run(
+    model: str | None,
+    row_counts: list[int],
+    threads: int,
+    out_dir: Path | None,
+    repeats: int = 15,
+    context: int = CONTEXT_TOKENS,
+) -> Path:
     torch.set_num_threads(threads)
     loaded = {name: load_format(model, name).loaded.decoder for name in CONTENDERS}
-    caches = {name: new_timing_cache(decoder, max(row_counts)) for name, decoder in loaded.items()}
+    caches = {name: context_cache(decoder, max(row_counts), context) for name, decoder in loaded.items()}
     costs: dict[str, dict[int, float]] = {name: {} for name in CONTENDERS}
     for turn, rows in enumerate(row_counts):
         order = CONTENDERS if turn % 2 == 0 else CONTENDERS[::-1]
@@ -66,6 +87,7 @@ def run(model: str | None, row_counts: list[int], threads: int, out_dir: Path | 
     report = {
         "machine": machine_info(),
         "threads": threads,
+        "context": context,
         "costs_ms": costs,
         "native_weight_mb": round(native_bytes / 1e6, 1),
         "read_bandwidth_gb_s": round(bandwidth, 2),
@@ -81,7 +103,8 @@ def kernels_markdown(report: dict) -> str:
     costs = report["costs_ms"]
     rows = sorted(costs["auto-torch"])
     lines = [
-        f"{report['machine']['cpu']}, {report['threads']} thread(s); ms per forward with logits for every row",
+        f"{report['machine']['cpu']}, {report['threads']} thread(s); ms per forward with logits for every row, "
+        f"after {report.get('context', CONTEXT_TOKENS)} tokens of context",
         "",
         "| rows | " + " | ".join(str(r) for r in rows) + " |",
         "|---|" + "---|" * len(rows),
