@@ -59,6 +59,10 @@ def prepare_claude_code(home: Path, base_url: str, model: str) -> tuple[list[str
         "DISABLE_ERROR_REPORTING": "1",
         "API_TIMEOUT_MS": "600000",  # a CPU prefill of its ~13K-token prompt is slow
         "CLAUDE_CODE_MAX_RETRIES": "1",  # its backoff after an error would outlast the run
+        # It asks for 32,000 tokens a reply whatever the model; the server lowers that to the room
+        # left, and a reply that rambled to the end of an 8K context left no room for the next turn
+        # (the next prompt was 8,239 tokens: a 400). A user of a small-context model sets this too.
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
     }
     return ["-p", "--max-turns", "3"], env
 
