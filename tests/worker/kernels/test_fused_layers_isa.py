@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from tests.support.tiny_drafters import speculation_checkpoints
 from tests.support.tiny_models import make_tiny_model
 from worker.kernels.build import FLAGS, SOURCES, find_compiler
 from worker.kernels.cpu_features import ISA_CODES, ISA_FLAGS, cpu_flags
-from worker.kernels.fused_layers import FusedLayers, RowTables
+from worker.kernels.fused_layers import MAX_QUERY_HEADS_PER_KV_HEAD, FusedLayers, RowTables, fusable
 from worker.kernels.native_lib import UnsupportedPathError, load_kernels
 from worker.models.loader import LoadedModel, load_model
 
@@ -221,3 +222,12 @@ def test_an_aarch64_build_gives_them_at_smollm2s_shape(tmp_path: Path) -> None:
     expected = subprocess.run([*host, "0", "1", "1", "smollm2"], capture_output=True, check=True, timeout=300).stdout
     arm = [*QEMU, str(aarch64_driver()), "4", "1", "1", "smollm2"]
     assert subprocess.run(arm, capture_output=True, check=True, timeout=300).stdout == expected
+
+
+def test_a_group_wider_than_a_tile_takes_the_per_op_path() -> None:
+    if not VECTOR_PATHS:
+        pytest.skip("this CPU runs no vector path")
+    kernels = load_kernels(VECTOR_PATHS[0])
+    shape = dict(hidden_size=64 * 32, intermediate_size=128, head_dim=32, num_key_value_heads=1)
+    assert fusable(SimpleNamespace(**shape, num_attention_heads=MAX_QUERY_HEADS_PER_KV_HEAD), kernels)
+    assert not fusable(SimpleNamespace(**shape, num_attention_heads=64), kernels)

@@ -326,13 +326,15 @@ static void *run_layers_thread(void *arg) {
  * K/V storage [layers, kv_heads, kv_stride, head_dim]. hidden_out[l], where not NULL, receives x
  * after layer l. `threads` split every phase (rows, tiles of output rows, (row tile, kv head) pairs of
  * attention): a row's numbers never depend on the count. `isa`: cpu_features.ISA_CODES. Returns 0,
- * -1 when scratch cannot be had, -2 for an isa this build has no kernels for.
+ * -1 when scratch cannot be had, -2 for an isa this build has no kernels for, -3 for more than
+ * MAX_TILE_QUERIES query heads a kv head.
  */
 int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_dims *dims, float *x, int rows,
                          const float *cos, const float *sin, const arbor_rows *row_info, float *keys, float *values,
                          float **hidden_out, int max_keys, int two_term, int threads, int isa) {
     const layer_kernels *kernels = kernels_for(isa);
     if (!kernels) return -2;
+    if (dims->heads / dims->kv_heads > MAX_TILE_QUERIES) return -3; /* a tile holds one row's group at least */
     const int H = dims->hidden, d = dims->head_dim, inner = dims->inner;
     const int q_width = dims->heads * d, qkv_width = q_width + 2 * dims->kv_heads * d;
     const int widest = inner > q_width ? (inner > H ? inner : H) : (q_width > H ? q_width : H);
