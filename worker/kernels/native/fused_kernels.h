@@ -7,8 +7,8 @@
  *   KERNEL(name) this copy's function names (rms_norm_avx512, ...)
  *   TARGET       the target attribute its functions compile under (empty where none is needed)
  *
- * It uses fused_layers.c's arbor_dims, arbor_rows, MAX_TILE_ROWS, MAX_TILE_QUERIES, TILE_KEYS and
- * layer_kernels. Every copy runs
+ * It uses fused_layers.c's arbor_dims, arbor_rows, MAX_TILE_ROWS, MAX_TILE_QUERIES, TILE_KEYS,
+ * PV_QUERIES and SCORE_KEYS (per ISA) and layer_kernels. Every copy runs
  * the same float operations in the same order, so all give the same bits.
  * Lengths n (head_dim, hidden, inner) are multiples of 16; key counts are not.
  */
@@ -37,17 +37,17 @@ TARGET static inline float KERNEL(dot)(const float *a, const float *b, int n) {
     return V(sum)(acc);
 }
 
-/* s[j] = dot(q, K[slots[j]]) * scale for j < count: sixteen keys at a time (sixteen independent
-   chains in registers, summed by sum16's tree), the rest one by one; either way each score has
-   dot's bits. Dims go 64 at a time, each key's 64 read in order, so the reads stay sequential. */
+/* s[j] = dot(q, K[slots[j]]) * scale for j < count: SCORE_KEYS keys at a time (that many independent
+   chains in registers, summed by scaled_sums' tree: sixteen on AVX-512's 32 registers, eight
+   elsewhere), the rest one by one; either way each score has dot's bits. Dims go 64 at a time,
+   each key's 64 read in order, so the reads stay sequential. */
 TARGET static void KERNEL(scores)(const float *q, const float *kbase, const int32_t *slots, int count, int d,
                                   float scale, float *s) {
-    const VEC vscale = V(set1)(scale);
     int j = 0;
-    for (; j + 16 <= count; j += 16) {
-        const float *k[16];
-        VEC part[16];
-        for (int i = 0; i < 16; i++) {
+    for (; j + SCORE_KEYS <= count; j += SCORE_KEYS) {
+        const float *k[SCORE_KEYS];
+        VEC part[SCORE_KEYS];
+        for (int i = 0; i < SCORE_KEYS; i++) {
             k[i] = kbase + (long)slots[j + i] * d;
             part[i] = V(zero)();
         }
@@ -55,7 +55,7 @@ TARGET static void KERNEL(scores)(const float *q, const float *kbase, const int3
             if (d - c0 >= 64) {
                 const VEC q0 = V(load)(q + c0), q1 = V(load)(q + c0 + 16), q2 = V(load)(q + c0 + 32),
                           q3 = V(load)(q + c0 + 48);
-                for (int i = 0; i < 16; i++) {
+                for (int i = 0; i < SCORE_KEYS; i++) {
                     part[i] = V(fmadd)(q0, V(load)(k[i] + c0), part[i]);
                     part[i] = V(fmadd)(q1, V(load)(k[i] + c0 + 16), part[i]);
                     part[i] = V(fmadd)(q2, V(load)(k[i] + c0 + 32), part[i]);
@@ -64,11 +64,11 @@ TARGET static void KERNEL(scores)(const float *q, const float *kbase, const int3
             } else {
                 for (int c = c0; c < d; c += 16) {
                     const VEC qc = V(load)(q + c);
-                    for (int i = 0; i < 16; i++) part[i] = V(fmadd)(qc, V(load)(k[i] + c), part[i]);
+                    for (int i = 0; i < SCORE_KEYS; i++) part[i] = V(fmadd)(qc, V(load)(k[i] + c), part[i]);
                 }
             }
         }
-        V(store)(s + j, V(mul)(V(sum16)(part), vscale));
+        V(scaled_sums)(part, SCORE_KEYS, scale, s + j);
     }
     for (; j < count; j++) s[j] = KERNEL(dot)(q, kbase + (long)slots[j] * d, d) * scale;
 }

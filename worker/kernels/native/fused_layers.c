@@ -104,6 +104,7 @@ typedef struct {
 
 #define KERNEL(name) name##_portable
 #define PV_QUERIES 1
+#define SCORE_KEYS 8
 #define V(op) portable_##op
 #define VEC v16_portable
 #define TARGET
@@ -113,10 +114,12 @@ typedef struct {
 #undef VEC
 #undef TARGET
 #undef PV_QUERIES
+#undef SCORE_KEYS
 
 #if defined(__x86_64__)
 #define KERNEL(name) name##_avx512
 #define PV_QUERIES 3 /* weighted-sum chains a pass: 4 x this many accumulators in registers */
+#define SCORE_KEYS 16 /* keys a scores pass: one accumulator each */
 #define V(op) avx512_##op
 #define VEC v16_avx512
 #define TARGET __attribute__((target("avx512f")))
@@ -126,9 +129,11 @@ typedef struct {
 #undef VEC
 #undef TARGET
 #undef PV_QUERIES
+#undef SCORE_KEYS
 
 #define KERNEL(name) name##_avx2
 #define PV_QUERIES 1
+#define SCORE_KEYS 8
 #define V(op) avx2_##op
 #define VEC v16_avx2
 #define TARGET __attribute__((target("avx2,fma")))
@@ -138,11 +143,13 @@ typedef struct {
 #undef VEC
 #undef TARGET
 #undef PV_QUERIES
+#undef SCORE_KEYS
 #endif
 
 #if defined(__aarch64__)
 #define KERNEL(name) name##_neon
 #define PV_QUERIES 1
+#define SCORE_KEYS 8
 #define V(op) neon_##op
 #define VEC v16_neon
 #define TARGET
@@ -152,6 +159,7 @@ typedef struct {
 #undef VEC
 #undef TARGET
 #undef PV_QUERIES
+#undef SCORE_KEYS
 #endif
 
 /* cpu_features.ISA_CODES -> the kernels' copy; NULL where this build has none */

@@ -10,8 +10,9 @@
  *
  *     s8[i] = v[i] + v[i + 8] (i < 8);  s4[i] = s8[i] + s8[i + 4];  s2[i] = s4[i] + s4[i + 2];  s2[0] + s2[1]
  *
- * (GCC's _mm512_reduce_add_ps order); sum16 gives sixteen vectors' sums at once, in that same tree,
- * as one vector (lane i: v[i]'s sum). Tails shorter than 16 load zeros into the missing lanes.
+ * (GCC's _mm512_reduce_add_ps order); scaled_sums gives n vectors' sums, each times a scale, in that
+ * same tree (AVX-512 sixteen and AVX2 eight at once, by shuffles). Tails shorter than 16 load zeros
+ * into the missing lanes.
  * Names: <isa>_<op>, types v16_<isa>.
  */
 #ifndef ARBOR_V16_H
@@ -76,7 +77,10 @@ V16_INLINE float portable_sum(v16_portable v) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-V16_INLINE v16_portable portable_sum16(const v16_portable *v) { PORTABLE_LANES(portable_sum(v[i])); }
+/* out[i] = sum(v[i]) * scale for i < n */
+V16_INLINE void portable_scaled_sums(const v16_portable *v, int n, float scale, float *out) {
+    for (int i = 0; i < n; i++) out[i] = portable_sum(v[i]) * scale;
+}
 
 #undef PORTABLE_LANES
 
@@ -139,6 +143,14 @@ AVX512_OP __m512 avx512_sum16(const __m512 *v) {
     /* lane 4L + s holds key 4s + L */
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     return _mm512_permutexvar_ps(order, sums);
+}
+
+AVX512_OP void avx512_scaled_sums(const __m512 *v, int n, float scale, float *out) {
+    if (n == 16) {
+        _mm512_storeu_ps(out, _mm512_mul_ps(avx512_sum16(v), _mm512_set1_ps(scale)));
+        return;
+    }
+    for (int i = 0; i < n; i++) out[i] = avx512_sum(v[i]) * scale;
 }
 
 typedef struct {
@@ -205,10 +217,14 @@ AVX2_OP __m256 avx2_sum8x8(const __m256 *s8) {
     return _mm256_permutevar8x32_ps(sums, _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0));
 }
 
-AVX2_OP v16_avx2 avx2_sum16(const v16_avx2 *v) {
-    __m256 s8[16];
-    for (int i = 0; i < 16; i++) s8[i] = _mm256_add_ps(v[i].lo, v[i].hi);
-    return (v16_avx2){avx2_sum8x8(s8), avx2_sum8x8(s8 + 8)};
+AVX2_OP void avx2_scaled_sums(const v16_avx2 *v, int n, float scale, float *out) {
+    if (n == 8) {
+        __m256 s8[8];
+        for (int i = 0; i < 8; i++) s8[i] = _mm256_add_ps(v[i].lo, v[i].hi);
+        _mm256_storeu_ps(out, _mm256_mul_ps(avx2_sum8x8(s8), _mm256_set1_ps(scale)));
+        return;
+    }
+    for (int i = 0; i < n; i++) out[i] = avx2_sum(v[i]) * scale;
 }
 
 #undef AVX2_LANES
@@ -265,10 +281,8 @@ V16_INLINE float neon_sum(v16_neon v) {
     return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
 }
 
-V16_INLINE v16_neon neon_sum16(const v16_neon *v) {
-    float sums[16];
-    for (int i = 0; i < 16; i++) sums[i] = neon_sum(v[i]);
-    return neon_load(sums);
+V16_INLINE void neon_scaled_sums(const v16_neon *v, int n, float scale, float *out) {
+    for (int i = 0; i < n; i++) out[i] = neon_sum(v[i]) * scale;
 }
 
 #undef NEON_LANES
