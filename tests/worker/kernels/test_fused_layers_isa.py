@@ -63,28 +63,21 @@ CASES = {
 }
 
 
+# the random models' shapes beside the qwen3 checkpoint
+SHAPES = {
+    # q/k/v bias, two 32-wide heads: the vector loops run more than once a head
+    "qwen2": dict(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
+    # 80-wide heads (64 dims a pass, then 16), three query heads a kv head
+    "llama": dict(num_hidden_layers=1, hidden_size=480, num_attention_heads=6, num_key_value_heads=2, head_dim=80),
+}
+
+
 @functools.cache
 def model(family: str) -> LoadedModel:
     if family == "qwen3":
         folder = speculation_checkpoints("qwen3").target
-    elif family == "llama":  # 80-wide heads (64 dims a pass, then 16), three query heads a kv head
-        folder = make_tiny_model(
-            Path(tempfile.mkdtemp(prefix="arbor-fused-isa-")) / family,
-            family,
-            num_hidden_layers=1,
-            hidden_size=480,
-            num_attention_heads=6,
-            num_key_value_heads=2,
-            head_dim=80,
-        )
-    else:  # q/k/v bias, two 32-wide heads: the vector loops run more than once a head
-        folder = make_tiny_model(
-            Path(tempfile.mkdtemp(prefix="arbor-fused-isa-")) / family,
-            family,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
+    else:
+        folder = make_tiny_model(Path(tempfile.mkdtemp(prefix="arbor-fused-isa-")) / family, family, **SHAPES[family])
     return load_model(folder, dtype="auto", quantize="int4", kernels="native")
 
 
