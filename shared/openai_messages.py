@@ -34,13 +34,10 @@ Content = Annotated[
 ]
 
 
-def content_text(content: str | list[TextPart] | None) -> str:
-    """The message text; list parts are concatenated as vLLM does for text-only content."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text for part in content)
+# Between a message's text parts (OpenAI) or text blocks (Messages): the worker renders one string
+# a message for the chat template, joined as vLLM joins text parts for text-only models, so one
+# conversation gives one prompt on either API.
+TEXT_PART_SEPARATOR = "\n"
 
 
 class ToolCallFunction(Lenient):

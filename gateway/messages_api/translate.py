@@ -35,13 +35,10 @@ from gateway.messages_api.request import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from shared.openai_messages import TEXT_PART_SEPARATOR
 from shared.openai_schema import ChatCompletionRequest, Limits, limits_context
 
 TOOL_ERROR_PREFIX = "Error: "  # a tool_result with is_error: the chat format has no such flag
-# Between a message's text blocks: the newline the worker puts between OpenAI text parts (as vLLM
-# does), so one conversation gives one prompt on either API. Claude Code sends a turn as several
-# blocks (<system-reminder> ones, then the user's text): glued, a tag ran into the text after it.
-TEXT_BLOCK_SEPARATOR = "\n"
 
 
 def to_chat_request(req: MessagesRequest, limits: Limits) -> ChatCompletionRequest:
@@ -118,13 +115,13 @@ def _messages(message: InputMessage) -> list[dict[str, Any]]:
 
 def _user(blocks: list[ContentBlock]) -> list[dict[str, Any]]:
     results = [_tool_result(block) for block in blocks if isinstance(block, ToolResultBlock)]
-    text = TEXT_BLOCK_SEPARATOR.join(block.text for block in blocks if isinstance(block, TextBlock))
+    text = TEXT_PART_SEPARATOR.join(block.text for block in blocks if isinstance(block, TextBlock))
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
 def _tool_result(block: ToolResultBlock) -> dict[str, Any]:
     parts = block.content
-    content = parts if isinstance(parts, str) else TEXT_BLOCK_SEPARATOR.join(part.text for part in parts)
+    content = parts if isinstance(parts, str) else TEXT_PART_SEPARATOR.join(part.text for part in parts)
     if block.is_error:
         content = TOOL_ERROR_PREFIX + content
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
@@ -132,7 +129,7 @@ def _tool_result(block: ToolResultBlock) -> dict[str, Any]:
 
 def _assistant(blocks: list[ContentBlock]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant"}
-    text = TEXT_BLOCK_SEPARATOR.join(block.text for block in blocks if isinstance(block, TextBlock))
+    text = TEXT_PART_SEPARATOR.join(block.text for block in blocks if isinstance(block, TextBlock))
     reasoning = "".join(block.thinking for block in blocks if isinstance(block, ThinkingBlock))
     calls = [_tool_call(block) for block in blocks if isinstance(block, ToolUseBlock)]
     message["content"] = text if text or not calls else None

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.openai_messages import TEXT_PART_SEPARATOR
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS_ROOT = REPO_ROOT / "tests" / "fixtures" / "agent_traffic"
 # name -> the recording's folder under RECORDINGS_ROOT
@@ -129,12 +131,12 @@ def _user(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     blocks = _blocks(content)
     results = [_tool_message(block) for block in blocks if block["type"] == "tool_result"]
     texts = [block["text"] for block in blocks if block["type"] == "text"]
-    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
+    return results + ([{"role": "user", "content": TEXT_PART_SEPARATOR.join(texts)}] if texts or not results else [])
 
 
 def _tool_message(block: dict[str, Any]) -> dict[str, Any]:
     content = block.get("content") or ""
-    text = content if isinstance(content, str) else "\n".join(part.get("text", "") for part in content)
+    text = content if isinstance(content, str) else TEXT_PART_SEPARATOR.join(part.get("text", "") for part in content)
     return {
         "role": "tool",
         "tool_call_id": block["tool_use_id"],
@@ -153,7 +155,7 @@ def _assistant(content: str | list[dict[str, Any]]) -> dict[str, Any]:
         for block in blocks
         if block["type"] == "tool_use"
     ]
-    text = "\n".join(block["text"] for block in blocks if block["type"] == "text")
+    text = TEXT_PART_SEPARATOR.join(block["text"] for block in blocks if block["type"] == "text")
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     reasoning = "".join(block["thinking"] for block in blocks if block["type"] == "thinking")
     if reasoning:

@@ -26,6 +26,8 @@ import jinja2.parser
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from shared.openai_messages import TEXT_PART_SEPARATOR
+
 # The first name is the one chat templates read; the others are older spellings clients still send.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -94,7 +96,7 @@ def _flatten_message(message: dict[str, Any], index: int) -> dict[str, Any]:
         if not isinstance(part.get("text"), str):
             raise ChatTemplateError(f"{where}.text={part.get('text')!r} must be a string")
         texts.append(part["text"])
-    return {**message, "content": "\n".join(texts)}
+    return {**message, "content": TEXT_PART_SEPARATOR.join(texts)}
 
 
 class _TemplateRaised(jinja2.TemplateError):
