@@ -37,9 +37,6 @@ _P = ctypes.c_void_p
 # barriers cost more than the split saved (one stream through the stack: 66 tokens/s on 2 threads
 # against 82 on 1, with other jobs running). The numbers do not depend on the count either way.
 MIN_ROWS_TO_SPLIT = 8
-# Query heads a kv head the native attention takes (fused_layers.c's MAX_TILE_QUERIES: a tile holds
-# at least one row's whole group); a model with more runs the per-op path.
-MAX_QUERY_HEADS_PER_KV_HEAD = 48
 
 
 class _Layer(ctypes.Structure):
@@ -130,8 +127,13 @@ def fusable(config, kernels: NativeKernels) -> bool:
         and config.head_dim <= 512
         and (config.num_attention_heads * config.head_dim) % 32 == 0
         and config.num_attention_heads % config.num_key_value_heads == 0
-        and config.num_attention_heads // config.num_key_value_heads <= MAX_QUERY_HEADS_PER_KV_HEAD
+        and config.num_attention_heads // config.num_key_value_heads <= max_query_heads_per_kv_head(kernels)
     )
+
+
+def max_query_heads_per_kv_head(kernels: NativeKernels) -> int:
+    """The widest group the native attention takes (a tile holds one row's at least); wider: per op."""
+    return int(kernels.lib.arbor_max_query_heads_per_kv_head())
 
 
 class FusedLayers:
@@ -238,7 +240,8 @@ class FusedLayers:
             self.isa_code,
         )
         if status == -3:
-            raise ValueError(f"native layers: more than {MAX_QUERY_HEADS_PER_KV_HEAD} query heads a kv head")
+            widest = max_query_heads_per_kv_head(self.kernels)
+            raise ValueError(f"native layers: more than {widest} query heads a kv head")
         if status == -2:
             raise ValueError(f"native layers: isa={self.isa!r} is not built for this machine's architecture")
         if status != 0:

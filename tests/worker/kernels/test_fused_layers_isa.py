@@ -24,7 +24,7 @@ from tests.support.tiny_drafters import speculation_checkpoints
 from tests.support.tiny_models import make_tiny_model
 from worker.kernels.build import FLAGS, SOURCES, find_compiler
 from worker.kernels.cpu_features import ISA_CODES, ISA_FLAGS, cpu_flags
-from worker.kernels.fused_layers import MAX_QUERY_HEADS_PER_KV_HEAD, FusedLayers, RowTables, fusable
+from worker.kernels.fused_layers import FusedLayers, RowTables, fusable, max_query_heads_per_kv_head
 from worker.kernels.native_lib import UnsupportedPathError, load_kernels
 from worker.models.loader import LoadedModel, load_model
 
@@ -222,5 +222,6 @@ def test_a_group_wider_than_a_tile_takes_the_per_op_path() -> None:
         pytest.skip("this CPU runs no vector path")
     kernels = load_kernels(VECTOR_PATHS[0])
     shape = dict(hidden_size=64 * 32, intermediate_size=128, head_dim=32, num_key_value_heads=1)
-    assert fusable(SimpleNamespace(**shape, num_attention_heads=MAX_QUERY_HEADS_PER_KV_HEAD), kernels)
+    assert max_query_heads_per_kv_head(kernels) == 48
+    assert fusable(SimpleNamespace(**shape, num_attention_heads=48), kernels)
     assert not fusable(SimpleNamespace(**shape, num_attention_heads=64), kernels)

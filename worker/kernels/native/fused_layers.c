@@ -81,9 +81,25 @@ static inline void prefetch_rows(const float *base, const int32_t *table, int fr
 
 /* one thread's attention scratch: scores [queries][stride], sums [queries][head_dim], new-row slots [rows][max_keys] */
 static long tile_scratch_floats(const arbor_dims *dims, int max_keys) {
-    const long queries = (long)tile_rows(dims) * (dims->heads / dims->kv_heads);
-    return queries * (max_keys + 32) + queries * dims->head_dim + (long)tile_rows(dims) * (max_keys + 32);
+    const long most = tile_rows(dims), queries = most * (dims->heads / dims->kv_heads);
+    return queries * (max_keys + 32) + queries * dims->head_dim + most * (max_keys + 32);
 }
+
+/* the attention tiles: consecutive rows of one lane (one key_base), at most tile_rows() a tile;
+   tile i is rows [first[i], first[i + 1]). Returns their count. */
+static int split_tiles(const arbor_dims *dims, const arbor_rows *row_info, int rows, int *first) {
+    const int most = tile_rows(dims);
+    int count = 0;
+    for (int t = 0; t < rows; t++) {
+        if (count == 0 || row_info->key_base[t] != row_info->key_base[first[count - 1]] || t - first[count - 1] >= most)
+            first[count++] = t;
+    }
+    first[count] = rows;
+    return count;
+}
+
+/* the widest group of query heads a kv head the attention takes: a tile holds one row's at least */
+int arbor_max_query_heads_per_kv_head(void) { return MAX_TILE_QUERIES; }
 
 /* x * cos + roll(x, d/2) * signed_sin (rope.py's tables: the first half of sin negated) */
 static void rotate(float *x, const float *cos, const float *sin, int d) {
@@ -368,16 +384,7 @@ int arbor_forward_layers(const arbor_layer *layers, int num_layers, const arbor_
     const long scratch_floats = tile_scratch_floats(dims, max_keys);
     float *scratch = malloc(sizeof(float) * (size_t)threads * (size_t)scratch_floats);
     c.tile_first = malloc(sizeof(int) * (size_t)(rows + 1));
-    if (c.tile_first) { /* consecutive rows of one lane, at most tile_rows() a tile */
-        const int most = tile_rows(dims);
-        c.num_tiles = 0;
-        for (int t = 0; t < rows; t++) {
-            const int first = c.num_tiles ? c.tile_first[c.num_tiles - 1] : -1;
-            if (first < 0 || row_info->key_base[t] != row_info->key_base[first] || t - first >= most)
-                c.tile_first[c.num_tiles++] = t;
-        }
-        c.tile_first[c.num_tiles] = rows;
-    }
+    if (c.tile_first) c.num_tiles = split_tiles(dims, row_info, rows, c.tile_first);
     atomic_init(&c.barrier.arrived, 0);
     atomic_init(&c.barrier.phase, 0);
     atomic_init(&c.go, 0);
