@@ -85,11 +85,11 @@ def run_fused_layer(
     sin: torch.Tensor,
     lanes: list[HeadRows],
 ) -> torch.Tensor:
-    """The head's layer over the lanes' rows ([R, hidden] out), one native call per lane."""
+    """The head's layer over the lanes' rows ([R, hidden] out), one native call per lane (their
+    caches reserved by the caller, MtpDrafter.run_head)."""
     outs, first = [], 0
     for lane in lanes:
         rows = slice(first, first + lane.num_rows)
-        lane.cache.reserve(lane.start + lane.num_rows)
         spans, slot_tables = _row_tables(lane)
         tables = RowTables.build(spans, slot_tables, [None] * len(spans))
         lane_x = x[rows].contiguous()
