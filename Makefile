@@ -64,9 +64,14 @@ bench: setup
 	$(BIN)/arbor bench decode $(ARGS)
 
 # The self-distilled drafter data (docs/DRAFTERS.md): the default model's answers to the whole prompt
-# mix through the batched engine, resumable (a re-run generates only the shards not on disk).
+# mix through the batched engine, resumable (a re-run generates only the shards not on disk), one
+# process a core (JOBS=N to choose), each answering every N-th shard.
+JOBS ?= $(shell nproc)
 drafter-data: setup
-	$(BIN)/arbor train-drafter --kind eagle3 --data engine --generate-only --max-new-tokens 320 --threads 1 $(ARGS)
+	@pids=""; for i in $$(seq 0 $$(($(JOBS) - 1))); do \
+		$(BIN)/arbor train-drafter --kind eagle3 --data engine --generate-only --max-new-tokens 320 \
+			--threads 1 --part $$i/$(JOBS) $(ARGS) & pids="$$pids $$!"; \
+	done; failed=0; for pid in $$pids; do wait $$pid || failed=1; done; exit $$failed
 
 # Debian tools the tests call: docker-compose (validates compose.yaml), promtool, and for the native
 # kernels (tests/worker/kernels) clang beside gcc, an aarch64 cross compiler and qemu-user (the NEON path).

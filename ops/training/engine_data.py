@@ -60,14 +60,19 @@ def generate_shards(
     max_lanes: int = 16,
     max_batch_tokens: int = 256,
     progress: Callable[[EngineRunStats], None] | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> EngineRunStats:
-    """Answer every prompt whose shard is not on disk yet; write each shard as it completes."""
+    """Answer every prompt whose shard is not on disk yet; write each shard as it completes.
+    part (i, n): only the shards whose index is i modulo n, so that n processes (one a core) share a
+    folder without answering a prompt twice."""
     assert served.loaded.config.vocab_size <= MAX_UINT16_VOCAB, "token ids are stored as uint16"
     folder.mkdir(parents=True, exist_ok=True)
     _check_manifest(folder, {"shard_size": shard_size, "max_new_tokens": max_new_tokens})
     shards = [prompts[start : start + shard_size] for start in range(0, len(prompts), shard_size)]
-    todo = [index for index, shard in enumerate(shards) if not _done(folder, index, shard)]
-    stats = EngineRunStats(skipped_shards=len(shards) - len(todo))
+    which, parts = part
+    mine = [index for index in range(len(shards)) if index % parts == which]
+    todo = [index for index in mine if not _done(folder, index, shards[index])]
+    stats = EngineRunStats(skipped_shards=len(mine) - len(todo))
     started, cpu_started = time.perf_counter(), time.process_time()
     engine = _Engine(served, max_new_tokens, max_lanes, max_batch_tokens)
     done: dict[str, list[int]] = {}
@@ -109,7 +114,9 @@ def _check_manifest(folder: Path, settings: dict) -> None:
     """Shards made with other settings would mix two data sets: refuse, naming the setting."""
     path = folder / MANIFEST
     if not path.exists():
-        path.write_text(json.dumps(settings) + "\n")
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # processes sharing the folder
+        partial.write_text(json.dumps(settings) + "\n")
+        partial.replace(path)
         return
     saved = json.loads(path.read_text())
     for name, value in settings.items():

@@ -43,9 +43,23 @@ def add_train_parser(subparsers) -> None:
     parser.add_argument("--mix-prompts", type=int, default=None, help="engine data: the first N of the prompt mix")
     parser.add_argument("--lanes", type=int, default=16, help="engine data: lanes decoding at once")
     parser.add_argument(
+        "--part",
+        type=parse_part,
+        default=(0, 1),
+        metavar="I/N",
+        help="engine data: only shards I modulo N (N processes, one a core, sharing --data-dir)",
+    )
+    parser.add_argument(
         "--gen-dtype", default="auto", help="engine data: the served model's dtype (auto: the serving path)"
     )
     parser.add_argument("--generate-only", action="store_true", help="stop after the data stage")
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        metavar="FOLDER|none",
+        help="eagle3: the plain MTP head to start from (default: the target's bundled one if it ships one; "
+        "none: start from the target's last layer)",
+    )
     parser.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
@@ -69,6 +83,7 @@ def add_train_parser(subparsers) -> None:
         help="capture only this many of the sequences (a reproducible random subset)",
     )
     parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the kind's, 1e-3)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None)
@@ -98,12 +113,14 @@ def run_train(args: argparse.Namespace) -> int:
     if args.kind == "eagle3":
         from ops.training.train_eagle3 import Eagle3Trainer
 
-        trainer = Eagle3Trainer(served, device)
+        trainer = Eagle3Trainer(served, device, _eagle3_start(served, args.init_from))
         data = {"train": _engine_sequences(args)}
     else:
         trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
         data = _captured(served, args, out, trainer.target_layers)
     trainer.setup(data)
+    if args.lr is not None:
+        trainer.config.lr = args.lr  # run_updates reads it every update
     state = _resume(out / "checkpoint.pt", trainer.model, trainer.optimizer)
     progress = tqdm(total=args.updates, initial=state["update"], desc=f"training {args.kind}", unit="update")
     while state["update"] < args.updates:
@@ -315,6 +332,30 @@ def training_device(chosen: str, kind: str) -> str:
     return device
 
 
+def _eagle3_start(served, init_from: str | None) -> Path | None:
+    from worker.drafters.draft_checkpoint import bundled_drafter_path
+
+    if init_from == "none":
+        return None
+    if init_from is not None:
+        return Path(init_from)
+    bundled = bundled_drafter_path(served.name, "mtp")
+    if bundled is not None:
+        print(f"starting from the bundled MTP head {bundled} (--init-from none starts from the target's last layer)")
+    return bundled
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    which, _, parts = text.partition("/")
+    try:
+        part = int(which), int(parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N, e.g. 0/2") from None
+    if not 0 <= part[0] < part[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: I must be 0 to N-1")
+    return part
+
+
 def _engine_sequences(args: argparse.Namespace) -> list:
     from ops.training.engine_data import read_shards
 
@@ -343,7 +384,9 @@ def generate_engine_data(args: argparse.Namespace) -> None:
         )
 
     folder = args.data_dir / "engine"
-    stats = generate_shards(served, prompts, folder, args.max_new_tokens, max_lanes=args.lanes, progress=report)
+    stats = generate_shards(
+        served, prompts, folder, args.max_new_tokens, max_lanes=args.lanes, progress=report, part=args.part
+    )
     print(
         f"{folder}: {len(stats.generated_keys)} answers this run ({stats.prompt_tokens} prompt + "
         f"{stats.generated_tokens} generated tokens in {stats.elapsed_s:.0f} s, {stats.tokens_per_s:.1f} tokens/s, "

@@ -20,6 +20,7 @@ import torch
 
 from ops.training.capture import CapturedSequence
 from ops.training.train_mtp import MtpTrainConfig, init_head, make_optimizer, train_updates
+from worker.drafters.mtp import MtpHead
 from worker.models.decoder import LaneRows
 
 EXTRA_VOCAB = 512  # most frequent input tokens added to those the target answered with
@@ -35,6 +36,50 @@ class Eagle3TrainConfig(MtpTrainConfig):
     feature_weight: float = 0.0  # EAGLE-3 drops the feature loss: the fused input is not a layer's state
     max_len: int = 512  # windows of the engine's sequences (prompt + answer)
     target_layers: tuple[int, ...] = ()  # () -> default_target_layers
+
+
+def warm_start_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, middle and the last layer: a head started from a plain MTP head reads the last layer's
+    output (through the final norm), so the fused input can start as exactly that."""
+    return tuple(sorted({min(2, num_layers - 1), num_layers // 2, num_layers - 1}))
+
+
+@dataclasses.dataclass(slots=True)
+class WarmStart:
+    head: MtpHead
+    target_layers: tuple[int, ...]
+    vocab: torch.Tensor | None  # the plain head's draft vocabulary (None: it drafts over the whole vocabulary)
+
+
+def warm_start(served, folder: Path) -> WarmStart:
+    """A head to go on training from `folder`: an EAGLE-3-style head as it is, or one that drafts
+    what the plain MTP head there drafts: its weights and vocabulary, and target_fc reading only
+    the last layer's output, scaled by the final norm's gain (a post-norm head) or as it is
+    (pre-norm). RMSNorm ignores its input's scale, so pre_fc_norm_hidden then sees what the plain
+    head saw (up to the final norm's epsilon): training starts where that head stopped."""
+    from worker.drafters.draft_checkpoint import read_draft_checkpoint
+    from worker.drafters.draft_vocab import read_draft_vocabulary
+    from worker.drafters.mtp import MTP_PREFIX, TARGET_LAYERS_KEY, hidden_source
+
+    decoder = served.loaded.decoder
+    config = decoder.config
+    checkpoint = read_draft_checkpoint(folder)
+    fused = tuple(checkpoint.config.get(TARGET_LAYERS_KEY) or ())
+    layers = fused or warm_start_layers(config.num_hidden_layers)
+    head = MtpHead(config, len(layers))
+    tensors = {name[len(MTP_PREFIX) :]: t for name, t in checkpoint.tensors.items() if name.startswith(MTP_PREFIX)}
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"target_fc.weight"} or (fused and missing):
+        raise SystemExit(f"--init-from {folder}: not an MTP head of this target ({sorted(missing) or unexpected})")
+    if not fused:
+        hidden = config.hidden_size
+        post_norm = hidden_source(checkpoint, config) == "post_norm"
+        gain = decoder.model.norm.weight.detach().float() if post_norm else torch.ones(hidden)
+        with torch.no_grad():
+            head.target_fc.weight.zero_()
+            head.target_fc.weight[:, -hidden:] = torch.diag(gain)
+    vocab = read_draft_vocabulary(folder, config.vocab_size)
+    return WarmStart(head.float().train(), layers, vocab)
 
 
 def token_windows(sequences: list[list[int]], max_len: int) -> list[list[int]]:
@@ -69,11 +114,15 @@ def target_states(served, windows: list[list[int]], layers: tuple[int, ...]) -> 
 
 
 class Eagle3Trainer:
-    def __init__(self, served, device: str = "cpu"):
+    def __init__(self, served, device: str = "cpu", init_from: Path | None = None):
+        """init_from: a plain MTP head's folder to start from (warm_start), else the target's last layer."""
         self.served, self.device = served, torch.device(device)
         self.config = Eagle3TrainConfig()
         num_layers = served.loaded.decoder.config.num_hidden_layers
-        self.config.target_layers = self.target_layers = default_target_layers(num_layers)
+        self.warm = warm_start(served, init_from) if init_from is not None else None
+        self.config.target_layers = self.target_layers = (
+            self.warm.target_layers if self.warm else default_target_layers(num_layers)
+        )
         decoder = served.loaded.decoder
         decoder.to(self.device)
         decoder.rotary = None  # its cos/sin tables are rebuilt on the device at the next forward
@@ -83,8 +132,16 @@ class Eagle3Trainer:
         sequences = data["train"]
         self.target_layers = self.config.target_layers
         self.train_data = token_windows([s.token_ids for s in sequences], self.config.max_len)
-        self.vocab = answer_vocabulary(sequences, self.served.loaded.config.vocab_size).to(self.device)
-        self.model = init_head(self.served, len(self.target_layers)).to(self.device)
+        if self.warm is not None:
+            assert self.target_layers == self.warm.target_layers, "a warm start fixes the layers it reads"
+            vocab = self.warm.vocab
+            if vocab is None:
+                vocab = torch.arange(self.served.loaded.config.vocab_size)
+            self.vocab = vocab.to(self.device)
+            self.model = copy.deepcopy(self.warm.head).to(self.device)
+        else:
+            self.vocab = answer_vocabulary(sequences, self.served.loaded.config.vocab_size).to(self.device)
+            self.model = init_head(self.served, len(self.target_layers)).to(self.device)
         self.optimizer = make_optimizer(self.model, self.config)
 
     def train(self, start: int, stop: int, total: int, progress) -> list[float]:

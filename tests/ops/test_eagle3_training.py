@@ -7,6 +7,7 @@ few updates lower the loss, on the CPU and (where torch sees one) on CUDA; the e
 from __future__ import annotations
 
 import functools
+import json
 import random
 import tempfile
 from pathlib import Path
@@ -16,10 +17,10 @@ import torch
 
 from ops.training.capture import capture
 from ops.training.engine_data import ShardSequence
-from ops.training.train_eagle3 import Eagle3Trainer, default_target_layers, target_states
+from ops.training.train_eagle3 import Eagle3Trainer, default_target_layers, target_states, warm_start_layers
 from ops.training.train_mtp import chain_hidden
 from tests.ops.test_drafter_training import Progress, fake_sequence, perturbed
-from tests.support.tiny_drafters import one_torch_thread
+from tests.support.tiny_drafters import one_torch_thread, write_random_mtp
 from tests.support.tiny_models import make_tiny_model
 from worker.drafters.mtp import MtpDrafter
 from worker.drafters.picker import SourcePicker
@@ -121,3 +122,44 @@ def test_a_few_updates_lower_the_loss_and_the_export_loads(device, tmp_path):
         head = drafter.model if isinstance(drafter, SourcePicker) else drafter
         assert isinstance(head, MtpDrafter) and head.hidden_layers == (1, 3, 5)
         assert torch.equal(head.vocabulary.token_ids, trainer.vocab.cpu())
+
+
+def proposal(drafter, model, prompt: list[int], root: int) -> list[int]:
+    """What `drafter` drafts after the target committed `prompt`, fed as the runner feeds it."""
+    states = target_states(model, [prompt], tuple(range(model.loaded.config.num_hidden_layers)))[0]
+    hidden = model.loaded.config.hidden_size
+    layers = {layer: states.layer_hidden[:, layer * hidden : (layer + 1) * hidden] for layer in drafter.hidden_layers}
+    sequence = fake_sequence(len(prompt))
+    state = drafter.start(sequence)
+    drafter.observe(state, TargetStates(prompt, 0, layers, states.final_hidden, root))
+    return drafter.propose(state, sequence).tokens
+
+
+@pytest.mark.parametrize("mtp_hidden", ["post_norm", "pre_norm"])
+def test_a_warm_start_drafts_what_the_plain_head_drafts(mtp_hidden, tmp_path):
+    model = served()
+    plain = write_random_mtp(tmp_path / "plain", folder(), seed=5, mtp_hidden=mtp_hidden)
+    vocab = list(range(3, 300, 2))
+    (plain / "draft_vocab.json").write_text(json.dumps({"token_ids": vocab}))
+    trainer = Eagle3Trainer(model, init_from=plain)
+    assert trainer.target_layers == warm_start_layers(6) == (2, 3, 5)  # the last layer, which the plain head reads
+    trainer.setup({"train": shard_sequences(2, 20)})
+    assert trainer.vocab.tolist() == vocab
+    drafted = load_drafter("mtp", model.loaded, DraftOptions(draft=plain))
+    prompts = [s.token_ids for s in shard_sequences(3, 14, seed=11)]
+    warm = [proposal(trainer.drafter(), model, prompt, 9) for prompt in prompts]
+    assert warm == [proposal(drafted, model, prompt, 9) for prompt in prompts]
+    assert len({tuple(p) for p in warm}) > 1  # drafts that depend on the prompt: the check can fail
+    trainer.export(tmp_path / "eagle3")  # and going on from the fused head keeps it as it is
+    again = Eagle3Trainer(model, init_from=tmp_path / "eagle3")
+    again.setup({"train": shard_sequences(2, 20)})
+    assert again.target_layers == (2, 3, 5)
+    exported = {name: t.to(torch.bfloat16).float() for name, t in trainer.model.state_dict().items()}  # bf16 on disk
+    assert all(torch.equal(t, exported[name]) for name, t in again.model.state_dict().items())
+    assert torch.equal(again.vocab, trainer.vocab)
+
+
+def test_a_warm_start_refuses_what_is_not_a_head_of_the_target(tmp_path):
+    broken = write_random_mtp(tmp_path / "broken", folder(), drop=["mtp.fc.weight"])
+    with pytest.raises(SystemExit, match="not an MTP head of this target"):
+        Eagle3Trainer(served(), init_from=broken)

@@ -5,6 +5,7 @@ refused. A tiny random target; the real scheduler, stepper and block pool."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from ops.training.engine_data import generate_shards, read_shards, shard_path
 from ops.training.prompt_mix import MixPrompt, prompt_mix
 from ops.training.prompts import HELD_OUT
+from ops.training.train_drafter import parse_part
 from shared.sampling import SamplingParams
 from tests.support.tiny_drafters import one_torch_thread
 from tests.support.tiny_models import make_tiny_model
@@ -87,6 +89,25 @@ def test_a_killed_run_resumes_without_answering_a_prompt_twice(tmp_path):
     assert [(s.key, s.token_ids, s.prompt_length) for s in read_shards(resumed)] == expected
     third = generate_shards(model, prompts(), resumed, MAX_NEW_TOKENS, SHARD_SIZE, max_lanes=3)
     assert third.generated_keys == [] and third.written_shards == 0
+
+
+def test_processes_sharing_a_folder_answer_each_shard_once(tmp_path):
+    model = served()
+    whole = tmp_path / "whole"
+    generate_shards(model, prompts(), whole, MAX_NEW_TOKENS, SHARD_SIZE, max_lanes=3)
+    shared = tmp_path / "shared"
+    second = generate_shards(model, prompts(), shared, MAX_NEW_TOKENS, SHARD_SIZE, max_lanes=3, part=(1, 2))
+    assert sorted(p.name for p in shared.glob("shard-*.npz")) == [shard_path(shared, 1).name]
+    first = generate_shards(model, prompts(), shared, MAX_NEW_TOKENS, SHARD_SIZE, max_lanes=3, part=(0, 2))
+    assert first.written_shards == 2 and not set(first.generated_keys) & set(second.generated_keys)
+    expected = [(s.key, s.token_ids, s.prompt_length) for s in read_shards(whole)]
+    assert [(s.key, s.token_ids, s.prompt_length) for s in read_shards(shared)] == expected
+
+
+@pytest.mark.parametrize("text", ["2/2", "1", "a/2", "-1/2"])
+def test_a_part_outside_its_count_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="I/N|0 to N-1"):
+        parse_part(text)
 
 
 def test_shards_made_with_other_settings_or_another_mix_are_refused(tmp_path):

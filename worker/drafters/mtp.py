@@ -378,7 +378,7 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions, tree: bool = Fal
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
     head_in_target_format(head, model.formats, decoder.device)  # the target's rule (mtp_native.py)
-    source = "fused_layers" if target_layers else _hidden_source(checkpoint, config)
+    source = "fused_layers" if target_layers else hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
     return MtpDrafter(
         head,
@@ -431,7 +431,7 @@ def _target_layers(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConf
     return tuple(layers)
 
 
-def _hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConfig) -> str:
+def hidden_source(checkpoint: DraftCheckpoint, config: ModelConfig | HybridConfig) -> str:
     source = checkpoint.config.get("mtp_hidden", MTP_HIDDEN_BY_FAMILY.get(config.model_type, "post_norm"))
     if source not in HIDDEN_SOURCES:
         raise DrafterError(f"{checkpoint.source}: mtp_hidden={source!r} must be one of {', '.join(HIDDEN_SOURCES)}")
