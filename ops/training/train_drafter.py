@@ -19,7 +19,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ops.training.export import save_drafter
 from ops.training.held_out import held_out_acceptance
@@ -124,6 +124,8 @@ def run_train(args: argparse.Namespace) -> int:
     state = _resume(out / "checkpoint.pt", trainer.model, trainer.optimizer)
     progress = tqdm(total=args.updates, initial=state["update"], desc=f"training {args.kind}", unit="update")
     while state["update"] < args.updates:
+        if args.kind == "eagle3":
+            _follow_shards(cast("Eagle3Trainer", trainer), args, data, state["update"], progress)
         stop = min(args.updates, state["update"] + args.save_every)
         started = time.perf_counter()
         state["losses"] += trainer.train(state["update"], stop, args.updates, progress)
@@ -330,6 +332,15 @@ def training_device(chosen: str, kind: str) -> str:
             raise SystemExit(f"--device cuda: --kind {kind} trains on the CPU; --kind eagle3 trains on CUDA")
         device = "cpu"
     return device
+
+
+def _follow_shards(trainer: Eagle3Trainer, args: argparse.Namespace, data: dict, update: int, progress) -> None:
+    """Shards that a generation running beside this training finished since: train on them too."""
+    sequences = _engine_sequences(args)
+    if len(sequences) != trainer.num_sequences:
+        trainer.use_sequences(sequences)
+        data["train"] = sequences
+        progress.write(f"update {update}: training on the {len(sequences)} sequences on disk")
 
 
 def _eagle3_start(served, init_from: str | None) -> Path | None:
