@@ -17,7 +17,13 @@ import torch
 
 from ops.training.capture import capture
 from ops.training.engine_data import ShardSequence
-from ops.training.train_eagle3 import Eagle3Trainer, default_target_layers, target_states, warm_start_layers
+from ops.training.train_eagle3 import (
+    Eagle3Trainer,
+    answer_vocabulary,
+    default_target_layers,
+    target_states,
+    warm_start_layers,
+)
 from ops.training.train_mtp import chain_hidden
 from tests.ops.test_drafter_training import Progress, fake_sequence, perturbed
 from tests.support.tiny_drafters import one_torch_thread, write_random_mtp
@@ -63,6 +69,14 @@ def shard_sequences(count: int, length: int, seed: int = 0) -> list[ShardSequenc
 def test_the_default_layers_are_low_middle_and_high():
     assert default_target_layers(30) == (2, 15, 27)
     assert default_target_layers(6) == (2, 3)  # the middle and the high coincide: fused once
+
+
+def test_the_vocabulary_keeps_the_answers_most_frequent_tokens_up_to_the_coverage():
+    answers = [5] * 97 + [7, 7] + [9]  # 9: the last 1 % of the answer tokens
+    sequences = [ShardSequence("a", [1, 2, *answers], 2)]
+    assert answer_vocabulary(sequences, 10, extra=0, coverage=0.99).tolist() == [5, 7]
+    assert answer_vocabulary(sequences, 10, extra=0, coverage=1.0).tolist() == [5, 7, 9]
+    assert answer_vocabulary(sequences, 10, extra=1, coverage=0.5).tolist() == [5]  # 5 is the most frequent input too
 
 
 def test_batched_prefill_states_equal_each_sequence_alone():
