@@ -1,11 +1,17 @@
 """An MTP head's layer in its target's weight format, fused into one native call where the target's are.
 
-The rule is the target's (worker/models/weight_formats.py), applied to the head's linears by the
-same functions (worker/models/fast_weights.py): where the target's body is int4 or int8, so are
-the head's fc, q/k/v (stacked into one product), o, gate/up (one product) and down, on the same
-kernels (native or torch's) with the same activation quantization; on the exact path the head
-stays dense. Where the target's layers run as one native call (worker/kernels/fused_layers.py),
+The rule follows the target's (worker/models/weight_formats.py), applied to the head's linears by
+the same functions (worker/models/fast_weights.py): where the target's body is int4 or int8, the
+head's fc, q/k/v (stacked into one product), o, gate/up (one product) and down are int8, on the
+same kernels (native or torch's) with the same activation quantization; on the exact path the
+head stays dense. Where the target's layers run as one native call (worker/kernels/fused_layers.py),
 the head's layer does too: at one row its ~25 PyTorch ops cost as much as its products.
+
+Why int8 and not the target's int4: a head is one layer that feeds itself, so its rounding
+compounds over the draft, and it is small, so its format costs little. Measured on the default
+model (Zen 4, one thread, `arbor bench decode --dtype auto`): with the head in int4 the chain of 3
+made 1.32 tokens a forward and the tree of 8 1.63, in int8 1.39 and 1.68, dense float32 1.40 and
+1.67; drafting a step 1.2 -> 1.5 ms (chain), 2.5 -> 2.7 ms (tree).
 
 Why it matters: a draft token costs one head layer and the draft vocabulary's logits; beside a
 native target step of a few milliseconds, a dense float32 layer and its dispatch were most of a
@@ -36,10 +42,19 @@ from worker.models.planned_linear import PlannedLinear
 from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats
 
 MIN_FEATURES_MULTIPLE = 32  # quantized products run in blocks of 32 inputs
+HEAD_FORMAT = "int8"  # the head's linears beside a quantized target (module docstring)
+
+
+def head_formats(formats: LinearFormats | None) -> LinearFormats | None:
+    """The target's formats with the body at HEAD_FORMAT where the target's is quantized, else as they are."""
+    if formats is None or formats.body not in QUANTIZED_FORMATS:
+        return formats
+    return dataclasses.replace(formats, body=HEAD_FORMAT)
 
 
 def head_in_target_format(head: nn.Module, formats: LinearFormats | None, device: torch.device | str) -> bool:
-    """Put the head's linears in the target's body format (False: the target is dense, so is the head)."""
+    """Put the head's linears in its format beside this target (False: the target is dense, so is the head)."""
+    formats = head_formats(formats)
     if formats is None or formats.body not in QUANTIZED_FORMATS:
         return False
     layer = _layer(head)
@@ -57,6 +72,7 @@ def head_in_target_format(head: nn.Module, formats: LinearFormats | None, device
 
 def fused_head_layer(head: nn.Module, config: ModelConfig, formats: LinearFormats | None) -> FusedLayers | None:
     """The head's layer as one native call, where the target's layers are one (loader._fused_layers' rule)."""
+    formats = head_formats(formats)
     layer = _layer(head)
     if (
         formats is None

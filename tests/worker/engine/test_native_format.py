@@ -94,18 +94,19 @@ def test_the_fused_layers_compute_the_per_op_native_model() -> None:
     assert (fused - per_op).abs().max() <= 1e-3 * per_op.abs().max()
 
 
-def test_the_heads_layer_is_in_the_targets_format_and_fused() -> None:
+def test_the_heads_layer_is_int8_beside_an_int4_target_and_fused() -> None:
     drafter = native_runner("qwen3", "mtp").drafter
     assert isinstance(drafter, MtpDrafter) and drafter.fused is not None
+    assert native("qwen3").formats.body == "int4"
     layer = drafter.head.layers[0]
     for linear in (drafter.head.fc, layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
-        assert isinstance(linear, PlannedLinear) and linear.weight_format == "int4"
+        assert isinstance(linear, PlannedLinear) and linear.weight_format == "int8"
         assert isinstance(linear.module, NativeQuantizedLinear)
 
 
 def test_the_heads_fused_layer_computes_its_per_op_layer() -> None:
     """A run of committed pairs, then tree rows that each see other ancestors' scratch slots: the
-    fused call and the per-op layer (same int4 products) give the same outputs and K/V."""
+    fused call and the per-op layer (same int8 products) give the same outputs and K/V."""
     model = native("qwen3")
     drafter = native_runner("qwen3", "mtp").drafter
     assert isinstance(drafter, MtpDrafter) and drafter.fused is not None
