@@ -39,10 +39,10 @@ from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, Span
 from worker.models.fast_weights import LinearSource, planned_linear, stack_rows
 from worker.models.planned_linear import PlannedLinear
-from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats
+from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats, WeightFormat
 
 MIN_FEATURES_MULTIPLE = 32  # quantized products run in blocks of 32 inputs
-HEAD_FORMAT = "int8"  # the head's linears beside a quantized target (module docstring)
+HEAD_FORMAT: WeightFormat = "int8"  # the head's linears beside a quantized target (module docstring)
 
 
 def head_formats(formats: LinearFormats | None) -> LinearFormats | None:
