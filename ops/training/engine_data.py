@@ -194,12 +194,15 @@ class ShardSequence:
     prompt_length: int
 
 
+def shard_files(folder: Path) -> list[Path]:
+    """The finished shards in `folder`, in shard order (not a `.tmp` a killed run was writing)."""
+    return [path for path in sorted(folder.glob("shard-*.npz")) if not path.name.endswith(".tmp.npz")]
+
+
 def read_shards(folder: Path) -> list[ShardSequence]:
     """Every sequence of every shard in `folder`, in shard order."""
     sequences = []
-    for path in sorted(folder.glob("shard-*.npz")):
-        if path.name.endswith(".tmp.npz"):
-            continue  # a shard a killed run was writing
+    for path in shard_files(folder):
         with np.load(path) as shard:
             flat, offsets = shard["token_ids"].astype(np.int64), shard["offsets"]
             for i, key in enumerate(shard["keys"].tolist()):

@@ -111,10 +111,11 @@ def run_train(args: argparse.Namespace) -> int:
     device = training_device(args.device, args.kind)
     trainer: MtpTrainer | DFlashTrainer | Eagle3Trainer
     if args.kind == "eagle3":
+        from ops.training.engine_data import shard_files
         from ops.training.train_eagle3 import Eagle3Trainer
 
         trainer = Eagle3Trainer(served, device, _eagle3_start(served, args.init_from))
-        data = {"train": _engine_sequences(args)}
+        data = {"shards": len(shard_files(args.data_dir / "engine")), "train": _engine_sequences(args)}
     else:
         trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
         data = _captured(served, args, out, trainer.target_layers)
@@ -335,12 +336,17 @@ def training_device(chosen: str, kind: str) -> str:
 
 
 def _follow_shards(trainer: Eagle3Trainer, args: argparse.Namespace, data: dict, update: int, progress) -> None:
-    """Shards that a generation running beside this training finished since: train on them too."""
+    """Shards that a generation running beside this training finished since: train on them too
+    (read again only when the folder holds more shards than were read)."""
+    from ops.training.engine_data import shard_files
+
+    num_shards = len(shard_files(args.data_dir / "engine"))
+    if num_shards == data["shards"]:
+        return
     sequences = _engine_sequences(args)
-    if len(sequences) != trainer.num_sequences:
-        trainer.use_sequences(sequences)
-        data["train"] = sequences
-        progress.write(f"update {update}: training on the {len(sequences)} sequences on disk")
+    data["train"], data["shards"] = sequences, num_shards
+    trainer.use_sequences(sequences)
+    progress.write(f"update {update}: training on the {len(sequences)} sequences of {num_shards} shards on disk")
 
 
 def _eagle3_start(served, init_from: str | None) -> Path | None:

@@ -6,6 +6,7 @@ few updates lower the loss, on the CPU and (where torch sees one) on CUDA; the e
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import random
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 from ops.training.capture import capture
-from ops.training.engine_data import ShardSequence
+from ops.training.engine_data import ShardSequence, shard_path, write_shard
+from ops.training.train_drafter import _engine_sequences, _follow_shards
 from ops.training.train_eagle3 import (
     Eagle3Trainer,
     answer_vocabulary,
@@ -179,3 +181,39 @@ def test_a_warm_start_refuses_what_is_not_a_head_of_the_target(tmp_path):
     broken = write_random_mtp(tmp_path / "broken", folder(), drop=["mtp.fc.weight"])
     with pytest.raises(SystemExit, match="not an MTP head of this target"):
         Eagle3Trainer(served(), init_from=broken)
+
+
+class Written(Progress):
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_training_takes_up_shards_a_generation_beside_it_finishes(tmp_path):
+    """A shard finished since the last checkpoint joins the training data; with no new shard the
+    folder is not read again."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    batches = [shard_sequences(3, 40, seed=seed) for seed in (5, 6)]
+
+    def write(index: int) -> None:
+        batch = batches[index]
+        keys = [f"shard{index}-{i}" for i in range(len(batch))]
+        write_shard(shard_path(engine, index), keys, [s.token_ids for s in batch], [s.prompt_length for s in batch])
+
+    write(0)
+    args = argparse.Namespace(data_dir=tmp_path, max_sequences=None)
+    data = {"shards": 1, "train": _engine_sequences(args)}
+    trainer = Eagle3Trainer(served())
+    trainer.setup(data)
+    progress = Written()
+    first = data["train"]
+    _follow_shards(trainer, args, data, 10, progress)
+    assert data["train"] is first and trainer.num_sequences == 3 and not progress.lines
+    write(1)
+    _follow_shards(trainer, args, data, 20, progress)
+    assert data["shards"] == 2 and trainer.num_sequences == 6
+    assert [s.token_ids for s in data["train"]] == [s.token_ids for batch in batches for s in batch]
+    assert progress.lines == ["update 20: training on the 6 sequences of 2 shards on disk"]
