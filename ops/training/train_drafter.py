@@ -115,7 +115,7 @@ def run_train(args: argparse.Namespace) -> int:
         from ops.training.train_eagle3 import Eagle3Trainer
 
         trainer = Eagle3Trainer(served, device, _eagle3_start(served, args.init_from))
-        data = {"shards": len(shard_files(args.data_dir / "engine")), "train": _engine_sequences(args)}
+        data: dict = {"shards": len(shard_files(args.data_dir / "engine")), "train": _engine_sequences(args)}
     else:
         trainer = MtpTrainer(served) if args.kind == "mtp" else DFlashTrainer(served)
         data = _captured(served, args, out, trainer.target_layers)
