@@ -22,8 +22,9 @@ positions 3-6; its rows 1-3 give distributions for positions 4, 5, 6. `dflash` d
 argmax as a chain; `tree` hands their top-k logprobs to the best-first tree builder.
 
 When the target is quantized (weight_formats.py's rule: int4 or int8, on the native kernels where
-chosen), fc and the draft layers' linears are held in the target's body format, by the same rule:
-a dense float32 drafter would read more bytes per block than a small target's whole step.
+chosen), fc and the draft layers' linears are int8 on the same kernels (the rule for drafters,
+`drafter_formats`): a dense float32 drafter would read more bytes per block than a small target's
+whole step, and int4 rounding cost acceptance.
 
 `propose_many` runs every drafting lane's block in one forward (the rows of all blocks through
 each linear layer at once, attention per lane over its own context and block), and `propose` is
@@ -55,6 +56,7 @@ from worker.models.decoder import DecoderLayer, RMSNorm, Span
 from worker.models.fast_weights import linears_in_format
 from worker.models.kv_cache import KVCache
 from worker.models.rope import RotaryEmbedding, apply_rotary
+from worker.models.weight_formats import drafter_formats
 from worker.speculation.tree import DraftTree, build_best_first_tree
 
 if TYPE_CHECKING:
@@ -290,8 +292,8 @@ def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -
         drafter_model = DFlashModel(config, len(spec.target_layer_ids))
     load_weights(drafter_model, checkpoint.tensors, "", checkpoint.source, decoder.dtype, decoder.device)
     drafter_model.requires_grad_(False)
-    if model.formats is not None:  # a quantized target: fc and the layers' linears in its body's format
-        linears_in_format(drafter_model, model.formats, decoder.device)
+    if model.formats is not None:  # a quantized target: fc and the layers' linears int8 (drafter_formats)
+        linears_in_format(drafter_model, drafter_formats(model.formats), decoder.device)
     return DFlashDrafter(
         drafter_model,
         config,

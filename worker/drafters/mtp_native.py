@@ -1,17 +1,12 @@
 """An MTP head's layer in its target's weight format, fused into one native call where the target's are.
 
-The rule follows the target's (worker/models/weight_formats.py), applied to the head's linears by
-the same functions (worker/models/fast_weights.py): where the target's body is int4 or int8, the
-head's fc, q/k/v (stacked into one product), o, gate/up (one product) and down are int8, on the
-same kernels (native or torch's) with the same activation quantization; on the exact path the
-head stays dense. Where the target's layers run as one native call (worker/kernels/fused_layers.py),
-the head's layer does too: at one row its ~25 PyTorch ops cost as much as its products.
-
-Why int8 and not the target's int4: a head is one layer that feeds itself, so its rounding
-compounds over the draft, and it is small, so its format costs little. Measured on the default
-model (Zen 4, one thread, `arbor bench decode --dtype auto`): with the head in int4 the chain of 3
-made 1.32 tokens a forward and the tree of 8 1.63, in int8 1.39 and 1.68, dense float32 1.40 and
-1.67; drafting a step 1.2 -> 1.5 ms (chain), 2.5 -> 2.7 ms (tree).
+The rule is the target's for a drafter (worker/models/weight_formats.py `drafter_formats`),
+applied to the head's linears by the same functions (worker/models/fast_weights.py): where the
+target's body is int4 or int8, the head's fc, q/k/v (stacked into one product), o, gate/up (one
+product) and down are int8 (why: weight_formats.py), on the same kernels (native or torch's) with
+the same activation quantization; on the exact path the head stays dense. Where the target's
+layers run as one native call (worker/kernels/fused_layers.py), the head's layer does too: at one
+row its ~25 PyTorch ops cost as much as its products.
 
 Why it matters: a draft token costs one head layer and the draft vocabulary's logits; beside a
 native target step of a few milliseconds, a dense float32 layer and its dispatch were most of a
@@ -39,17 +34,14 @@ from worker.models.config import ModelConfig
 from worker.models.decoder import DecoderLayer, Span
 from worker.models.fast_weights import LinearSource, planned_linear, stack_rows
 from worker.models.planned_linear import PlannedLinear
-from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats, WeightFormat
+from worker.models.weight_formats import QUANTIZED_FORMATS, LinearFormats, drafter_formats
 
 MIN_FEATURES_MULTIPLE = 32  # quantized products run in blocks of 32 inputs
-HEAD_FORMAT: WeightFormat = "int8"  # the head's linears beside a quantized target (module docstring)
 
 
 def head_formats(formats: LinearFormats | None) -> LinearFormats | None:
-    """The target's formats with the body at HEAD_FORMAT where the target's is quantized, else as they are."""
-    if formats is None or formats.body not in QUANTIZED_FORMATS:
-        return formats
-    return dataclasses.replace(formats, body=HEAD_FORMAT)
+    """The head's formats beside a target in `formats` (None: the target has no planned formats)."""
+    return None if formats is None else drafter_formats(formats)
 
 
 def head_in_target_format(head: nn.Module, formats: LinearFormats | None, device: torch.device | str) -> bool:

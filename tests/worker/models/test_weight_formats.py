@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.models.weight_formats import LinearFormats, linear_formats
+from worker.models.weight_formats import LinearFormats, drafter_formats, linear_formats
 
 NATIVE = "avx512_vnni"
 
@@ -60,3 +60,16 @@ def test_none_with_bfloat16_is_dense_bfloat16() -> None:
 def test_unknown_values_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="quantize='int3'"):
         linear_formats("int3", "auto", "cpu", None)
+
+
+@pytest.mark.parametrize("quantize", ["int4", "int8"])
+def test_a_drafter_beside_a_quantized_target_is_int8_on_the_targets_kernels(quantize: str) -> None:
+    target = linear_formats(quantize, "auto", "cpu", None, native_isa="avx2")
+    drafter = drafter_formats(target)
+    assert drafter.body == "int8" and target.body == quantize
+    assert (drafter.kernels, drafter.native_isa, drafter.native_activations) == ("native", "avx2", "int16")
+
+
+def test_a_drafter_beside_a_dense_target_stays_dense() -> None:
+    target = linear_formats("auto", "float32", "cpu", "int4")
+    assert drafter_formats(target) == target
