@@ -13,7 +13,7 @@ import random
 import pytest
 
 from shared.sampling import SamplingParams
-from tests.worker.speculation.test_lossless import FAMILIES, MODES, decode, loaded, make_prompts, runner_for
+from tests.worker.speculation.test_lossless import FAMILIES, MODES, decode, loaded, make_prompts, new_runner, runner_for
 from worker.drafters.ngram import PromptLookupDrafter
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
@@ -194,7 +194,9 @@ class CountingStepper(ModelStepper):
 @pytest.mark.parametrize("mode", ["mtp", "tree", "ngram", "suffix", "auto"])
 def test_adaptive_draft_lengths_keep_every_lane_exact(mode):
     family = "llama"
-    runner = runner_for(family, mode)
+    # its own runner: the stepper prices rows on the drafter (`auto`'s row_price, from timed steps),
+    # which a shared runner would carry into other tests (a high price left auto drafting nothing)
+    runner = new_runner(family, mode)
     # few lanes: drafting pays; many: it does not (a cost model shaped like a CPU's)
     max_draft = ModelStepper(runner)._decode_rows - 1
     seconds = {

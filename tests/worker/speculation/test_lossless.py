@@ -69,6 +69,11 @@ def loaded(family: str) -> LoadedModel:
 
 @functools.cache
 def runner_for(family: str, mode: str) -> ModelRunner:
+    return new_runner(family, mode)
+
+
+def new_runner(family: str, mode: str) -> ModelRunner:
+    """A runner of its own, for a test that changes its drafter (runner_for's are shared)."""
     model = loaded(family)
     options = DraftOptions(draft=speculation_checkpoints(family).dflash if mode in ("dflash", "tree") else None)
     runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, load_drafter(mode, model, options))
