@@ -1,6 +1,7 @@
 """An EAGLE-3-style MTP head (fused low/middle/high target layers) loads in `mtp` and `auto` and is
 lossless: greedy and seeded sampling emit plain decoding's very tokens, on tiny random targets in
-float64 with a random fused head (a separate folder on Qwen3 and Llama; embedded in a hybrid
+float64 and in the served format (int4, the head int8, on the native kernels where the CPU has
+them) with a random fused head (a separate folder on Qwen3 and Llama; embedded in a hybrid
 Qwen3.5 / Qwen3-Next checkpoint). The drafter asks the target for exactly the layers it fuses,
 and a head that names a layer the target lacks is refused."""
 
@@ -23,6 +24,7 @@ from worker.engine.drafter_protocol import DrafterError
 from worker.engine.runner import ModelRunner
 from worker.engine.stats import SpecStats
 from worker.models.loader import LoadedModel, load_model
+from worker.models.planned_linear import PlannedLinear
 
 TARGET_LAYERS = (0, 2, 3)  # low, middle, high of a 4-layer target
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -43,12 +45,14 @@ def folders(family: str) -> tuple[Path, Path]:
 
 
 @functools.cache
-def loaded(family: str) -> LoadedModel:
+def loaded(family: str, served: bool = False) -> LoadedModel:
+    if served:  # as the worker serves by default: int4 weights on the native kernels where it can
+        return load_model(folders(family)[0], dtype="auto", quantize="int4")
     return load_model(folders(family)[0], dtype="float64")
 
 
-def outputs(family: str, mode: str, params: SamplingParams) -> tuple[list[list[int]], SpecStats]:
-    model = loaded(family)
+def outputs(family: str, mode: str, params: SamplingParams, served: bool = False) -> tuple[list[list[int]], SpecStats]:
+    model = loaded(family, served)
     drafter = load_drafter(mode, model, DraftOptions(draft=folders(family)[1]))
     runner = ModelRunner(model.decoder, model.checkpoint.eos_token_ids, drafter)
     stats = SpecStats()
@@ -62,6 +66,20 @@ def outputs(family: str, mode: str, params: SamplingParams) -> tuple[list[list[i
 def test_fused_layer_head_is_lossless(family, mode, params):
     expected, _ = outputs(family, "none", params)
     got, stats = outputs(family, mode, params)
+    assert_same_tokens(expected, got, mode)
+    assert stats.draft_tokens > 0, "nothing was drafted: the test would prove nothing"
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("mode", ["mtp", "mtp-tree", "auto"])
+def test_fused_layer_head_is_lossless_in_the_served_format(mode, params):
+    model = loaded("qwen3", served=True)
+    assert model.formats is not None and model.formats.body == "int4"
+    head = load_drafter("mtp", model, DraftOptions(draft=folders("qwen3")[1]))
+    assert isinstance(head, MtpDrafter) and isinstance(head.head.target_fc, PlannedLinear)
+    assert head.head.target_fc.weight_format == "int8"
+    expected, _ = outputs("qwen3", "none", params, served=True)
+    got, stats = outputs("qwen3", mode, params, served=True)
     assert_same_tokens(expected, got, mode)
     assert stats.draft_tokens > 0, "nothing was drafted: the test would prove nothing"
 
