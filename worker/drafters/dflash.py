@@ -111,6 +111,7 @@ class DFlashState:
 class DFlashDrafter:
     hidden_layers: tuple[int, ...]
     wants_final_hidden = False
+    source = ""  # the checkpoint it was read from (file or folder; the step costs' cache key)
 
     def __init__(
         self,
@@ -294,7 +295,7 @@ def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -
     drafter_model.requires_grad_(False)
     if model.formats is not None:  # a quantized target: fc and the layers' linears int8 (drafter_formats)
         linears_in_format(drafter_model, drafter_formats(model.formats), decoder.device)
-    return DFlashDrafter(
+    drafter = DFlashDrafter(
         drafter_model,
         config,
         spec,
@@ -305,6 +306,8 @@ def load_dflash_drafter(model: LoadedModel, options: DraftOptions, tree: bool) -
         tree_top_k=options.tree_top_k,
         draft_vocab=draft_vocab,
     )
+    drafter.source = checkpoint.source
+    return drafter
 
 
 def _find_dflash_path(model: LoadedModel, options: DraftOptions, mode: str) -> Path:

@@ -124,6 +124,8 @@ class MtpDrafter:
     bounded whatever its length, and its context keeps the prompt and what it saw before.
     """
 
+    source = ""  # the checkpoint it was read from (file or folder; the step costs' cache key)
+
     def __init__(
         self,
         head: MtpHead | HybridMtpHead,
@@ -380,7 +382,7 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions, tree: bool = Fal
     head_in_target_format(head, model.formats, decoder.device)  # the target's rule (mtp_native.py)
     source = "fused_layers" if target_layers else hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
-    return MtpDrafter(
+    drafter = MtpDrafter(
         head,
         config,
         decoder.model.embed_tokens,
@@ -392,6 +394,8 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions, tree: bool = Fal
         TreeShape(options.tree_budget, options.tree_top_k) if tree else None,
         fused_head_layer(head, config, model.formats) if isinstance(config, ModelConfig) else None,
     )
+    drafter.source = checkpoint.source
+    return drafter
 
 
 def _find_mtp_checkpoint(model: LoadedModel, draft: Path | None) -> DraftCheckpoint:

@@ -159,11 +159,21 @@ def step_cost_key(served: ServingModel, max_draft: int, lane_counts: tuple[int, 
     return StepCostKey(
         model=f"{served.name} {_file_identity(loaded.checkpoint.source)}",
         formats=formats,
-        drafter=f"{served.speculation} {drafter.name if drafter is not None else None} max_draft={max_draft}",
+        drafter=f"{served.speculation} {drafter.name if drafter is not None else None} max_draft={max_draft}"
+        + "".join(f" {_file_identity(source)}" for source in _drafter_sources(drafter)),
         threads=torch.get_num_threads(),
         cpu=cpu_model(),
         lane_counts=lane_counts,
     )
+
+
+def _drafter_sources(drafter) -> list[str]:
+    """The checkpoints a drafter was read from (auto's: its model drafter's), so that another head
+    in the same place (a new bundled one, --draft elsewhere) is another key."""
+    if drafter is None:
+        return []
+    inner = getattr(drafter, "model", None)  # auto's model drafter (a DFlash drafter's network has no source)
+    return [source for part in (drafter, inner) if (source := getattr(part, "source", ""))]
 
 
 def _file_identity(source: str) -> str:

@@ -1,7 +1,7 @@
 """Step costs kept on disk between starts (worker/serving/step_cost_cache.py): the second start
 reads what the first measured; a change in anything the costs depend on (threads, formats, the
-model file, the CPU) measures again; a damaged file is a miss, not a failure. The key of a real
-served model changes with its thread count and its file."""
+model file, the drafter's checkpoint, the CPU) measures again; a damaged file is a miss, not a
+failure. The key of a real served model changes with its thread count, its file and its head's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.tiny_drafters import write_random_mtp
 from tests.support.tiny_models import make_tiny_model
+from worker.drafters.registry import DraftOptions
 from worker.serving.step_cost_cache import StepCostKey, cache_path, cached_or_measured, cpu_model
 from worker.serving.step_cost_probe import step_cost_key
 from worker.serving_model import load_serving_model
@@ -93,3 +95,15 @@ def test_a_served_models_key_follows_its_threads_and_its_file(tmp_path: Path) ->
     weights = next(folder.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes() + b"\0")  # another file at the same path
     assert step_cost_key(served, 3, (1, 4)).model != key.model
+
+
+@pytest.mark.parametrize("mode", ["mtp", "auto"])
+def test_the_key_follows_the_drafters_checkpoint(tmp_path: Path, mode: str) -> None:
+    """Another head in the same place (a new bundled head, a retrained --draft) drafts at another
+    cost: its table is measured again, not read from the old head's."""
+    folder = make_tiny_model(tmp_path / "qwen3", "qwen3")
+    head = write_random_mtp(tmp_path / "head", folder)
+    key = step_cost_key(load_serving_model(folder, mode, DraftOptions(draft=head)), 3, (1, 4))
+    assert str(head.resolve()) in key.drafter
+    write_random_mtp(head, folder, seed=2, mtp_hidden="pre_norm")  # another size, whatever the clock's resolution
+    assert step_cost_key(load_serving_model(folder, mode, DraftOptions(draft=head)), 3, (1, 4)) != key
