@@ -379,7 +379,7 @@ def load_mtp_drafter(model: LoadedModel, options: DraftOptions, tree: bool = Fal
             )
     load_weights(head, checkpoint.tensors, MTP_PREFIX, checkpoint.source, decoder.dtype, decoder.device)
     head.requires_grad_(False)
-    head_in_target_format(head, model.formats, decoder.device)  # the target's rule (mtp_native.py)
+    head_in_target_format(head, model.formats, decoder.device)  # int8 beside a quantized target (mtp_native.py)
     source = "fused_layers" if target_layers else hidden_source(checkpoint, config)
     draft_vocab = read_draft_vocabulary(checkpoint.folder, config.vocab_size) if checkpoint.folder else None
     drafter = MtpDrafter(
