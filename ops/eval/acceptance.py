@@ -29,8 +29,10 @@ from pathlib import Path
 
 from ops.training.prompts import HELD_OUT
 
-RECORD = Path(__file__).with_name("acceptance_lengths.json")  # float32
-RECORDS = {"float32": RECORD, "auto": Path(__file__).with_name("acceptance_lengths_served.json")}
+RECORDS = {  # one record a format: float32 (the exact path), auto (the served format)
+    "float32": Path(__file__).with_name("acceptance_lengths.json"),
+    "auto": Path(__file__).with_name("acceptance_lengths_served.json"),
+}
 MODES = ("mtp", "mtp-tree", "dflash", "tree", "ngram", "suffix", "auto")
 NUM_PROMPTS = 6
 MAX_TOKENS = 64
